@@ -1,0 +1,32 @@
+// py::array <-> ArrayRef, shared by the register_*.cpp files.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "api/array_ref.h"
+
+namespace fastattn {
+
+// None -> absent; anything else must already be a NumPy array (the Python layer converts).
+inline ArrayRef array_ref(const pybind11::object& obj, const char* name) {
+  ArrayRef r;
+  if (obj.is_none()) return r;
+  if (!pybind11::isinstance<pybind11::array>(obj))
+    throw pybind11::type_error(std::string(name) + " must be a numpy.ndarray");
+  auto a = pybind11::reinterpret_borrow<pybind11::array>(obj);
+  r.given = true;
+  r.data = const_cast<void*>(a.data());
+  r.kind = a.dtype().kind();
+  r.itemsize = a.itemsize();
+  r.writeable = a.writeable();
+  if (!a.dtype().attr("isnative").cast<bool>())
+    throw pybind11::value_error(std::string(name) + " must be in native byte order");
+  for (pybind11::ssize_t d = 0; d < a.ndim(); ++d) {
+    r.shape.push_back(a.shape(d));
+    r.strides.push_back(a.strides(d));
+  }
+  return r;
+}
+
+}  // namespace fastattn

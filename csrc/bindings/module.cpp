@@ -1,0 +1,14 @@
+// The compiled core of fastattn. This file only registers; each area has its own
+// register_*.cpp. The public API is fastattn/__init__.py.
+#include <pybind11/pybind11.h>
+
+namespace fastattn {
+void register_sdpa(pybind11::module_& m);
+void register_config(pybind11::module_& m);
+}  // namespace fastattn
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "fastattn compiled kernels (private; use the fastattn package)";
+  fastattn::register_config(m);
+  fastattn::register_sdpa(m);
+}

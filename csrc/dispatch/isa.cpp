@@ -1,0 +1,87 @@
+#include "dispatch/isa.h"
+
+#include <atomic>
+#include <stdexcept>
+
+#include "kernels/sdpa.h"
+
+namespace fastattn {
+namespace {
+
+const KernelTable kTables[] = {
+    {Isa::kScalar, "scalar", scalar::sdpa_forward_f32, scalar::sdpa_forward_f64},
+    {Isa::kBaseline, "baseline", baseline::sdpa_forward_f32, baseline::sdpa_forward_f64},
+#if defined(FASTATTN_HAVE_AVX2)
+    {Isa::kAvx2, "avx2", avx2::sdpa_forward_f32, avx2::sdpa_forward_f64},
+#endif
+#if defined(FASTATTN_HAVE_AVX512)
+    {Isa::kAvx512, "avx512", avx512::sdpa_forward_f32, avx512::sdpa_forward_f64},
+#endif
+};
+constexpr int kNumTables = int(sizeof(kTables) / sizeof(kTables[0]));
+
+bool cpu_supports(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+    case Isa::kBaseline:
+      return true;
+#if defined(__x86_64__) || defined(_M_X64)
+    // libgcc's cpu model also checks that the OS saves the YMM/ZMM state (xgetbv).
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    default:
+      return false;
+  }
+}
+
+int best_index() {
+  int best = 0;
+  for (int i = 0; i < kNumTables; ++i)
+    if (cpu_supports(kTables[i].isa)) best = i;
+  return best;
+}
+
+std::atomic<int>& active_index() {
+  static std::atomic<int> index{best_index()};
+  return index;
+}
+
+}  // namespace
+
+std::vector<std::string> compiled_isas() {
+  std::vector<std::string> names;
+  for (const auto& t : kTables) names.push_back(t.name);
+  return names;
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> names;
+  for (const auto& t : kTables)
+    if (cpu_supports(t.isa)) names.push_back(t.name);
+  return names;
+}
+
+const KernelTable& active_kernels() { return kTables[active_index().load()]; }
+
+void set_isa(const std::string& name) {
+  std::string choices;
+  for (int i = 0; i < kNumTables; ++i) {
+    if (name == kTables[i].name) {
+      if (!cpu_supports(kTables[i].isa))
+        throw std::invalid_argument("FASTATTN_ISA='" + name +
+                                    "' is compiled in but this CPU (or OS) does not support it");
+      active_index().store(i);
+      return;
+    }
+    choices += (choices.empty() ? "'" : ", '") + std::string(kTables[i].name) + "'";
+  }
+  throw std::invalid_argument("FASTATTN_ISA='" + name + "' is not one of " + choices);
+}
+
+}  // namespace fastattn

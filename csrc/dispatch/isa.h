@@ -1,0 +1,30 @@
+// Which instruction set the kernels run with: detected once (cpuid + OS support),
+// overridable with FASTATTN_ISA (applied by fastattn/__init__.py through set_isa).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "api/sdpa_params.h"
+
+namespace fastattn {
+
+enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512 };
+
+struct KernelTable {
+  Isa isa;
+  const char* name;
+  bool (*sdpa_f32)(const SdpaParams&);
+  bool (*sdpa_f64)(const SdpaParams&);
+};
+
+// ISAs this build compiled and this CPU/OS can run, best last.
+std::vector<std::string> available_isas();
+// Names compiled into this build, whether the CPU can run them or not.
+std::vector<std::string> compiled_isas();
+// The table in use (the best available, unless set_isa chose another).
+const KernelTable& active_kernels();
+// Select by name; throws std::invalid_argument naming the choices if unknown/unavailable.
+void set_isa(const std::string& name);
+
+}  // namespace fastattn

@@ -1,0 +1,97 @@
+// Branch-free scalar math that the compiler vectorises: exp and tanh for the softmax
+// and softcap passes. Compiled once per ISA: include only inside an ISA namespace
+// (FASTATTN_ISA_NS) so no inline function leaks across ISAs. No libm in the hot loop.
+#pragma once  // per translation unit; each ISA has its own TU
+
+#include <cstdint>
+#include <limits>
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+template <typename T>
+struct ExpTraits;
+
+template <>
+struct ExpTraits<float> {
+  using Bits = int32_t;
+  static constexpr float kMin = -87.33f;  // below: result under FLT_MIN, returned as 0
+  static constexpr float kMax = 88.0f;
+  static constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to integer
+  static constexpr float kLn2Hi = 0.693359375f;
+  static constexpr float kLn2Lo = -2.12194440e-4f;
+  static constexpr int kMantissa = 23;
+  static constexpr int kBias = 127;
+};
+
+template <>
+struct ExpTraits<double> {
+  using Bits = int64_t;
+  static constexpr double kMin = -708.3;
+  static constexpr double kMax = 709.0;
+  static constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01;
+  static constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr int kMantissa = 52;
+  static constexpr int kBias = 1023;
+};
+
+template <typename T>
+inline T select(bool c, T a, T b) { return c ? a : b; }
+
+// e^x with x = n ln2 + r, |r| <= ln2/2, and a Taylor polynomial for e^r: degree 7 for
+// float (truncation 5e-9, ~1 ulp) and 13 for double (4e-18). Returns 0 for x < kMin
+// (so e^-inf = 0), NaN for NaN. Accurate to a few ulp on [kMin, kMax].
+template <typename T>
+inline T exp_approx(T x) {
+  using Tr = ExpTraits<T>;
+  using Bits = typename Tr::Bits;
+  constexpr T kLog2e = T(1.4426950408889634);
+  T xc = select(x < Tr::kMin, Tr::kMin, x);
+  xc = select(xc > Tr::kMax, Tr::kMax, xc);
+  xc = select(x != x, T(0), xc);  // keep the integer conversion below defined for NaN
+  const T n = (xc * kLog2e + Tr::kRound) - Tr::kRound;
+  const T r = (xc - n * Tr::kLn2Hi) - n * Tr::kLn2Lo;
+  T poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = T(1.0 / 5040);
+    poly = poly * r + T(1.0 / 720);
+    poly = poly * r + T(1.0 / 120);
+    poly = poly * r + T(1.0 / 24);
+    poly = poly * r + T(1.0 / 6);
+    poly = poly * r + T(0.5);
+    poly = poly * r + T(1);
+    poly = poly * r + T(1);
+  } else {
+    poly = T(1.0 / 6227020800.0);
+    poly = poly * r + T(1.0 / 479001600.0);
+    poly = poly * r + T(1.0 / 39916800.0);
+    poly = poly * r + T(1.0 / 3628800.0);
+    poly = poly * r + T(1.0 / 362880.0);
+    poly = poly * r + T(1.0 / 40320.0);
+    poly = poly * r + T(1.0 / 5040.0);
+    poly = poly * r + T(1.0 / 720.0);
+    poly = poly * r + T(1.0 / 120.0);
+    poly = poly * r + T(1.0 / 24.0);
+    poly = poly * r + T(1.0 / 6.0);
+    poly = poly * r + T(0.5);
+    poly = poly * r + T(1);
+    poly = poly * r + T(1);
+  }
+  const Bits e = (static_cast<Bits>(n) + Tr::kBias) << Tr::kMantissa;
+  const T result = poly * __builtin_bit_cast(T, e);
+  return select(x < Tr::kMin, T(0), select(x != x, x, result));
+}
+
+// tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); absolute error ~ulp(1), which is
+// what a softcap needs (the capped score feeds exp, where absolute error is what counts).
+template <typename T>
+inline T tanh_approx(T x) {
+  const T ax = select(x < T(0), -x, x);
+  const T t = exp_approx(T(-2) * ax);
+  const T th = (T(1) - t) / (T(1) + t);
+  return select(x < T(0), -th, th);
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

@@ -1,0 +1,34 @@
+"""fastattn: fast, exact attention for NumPy arrays.
+
+A C++ core (OpenMP threads, SIMD chosen at run time, blocked "flash" kernels) behind a
+NumPy API. ``fastattn.reference`` holds plain-NumPy twins of every function.
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+from fastattn import _core
+from fastattn._config import show_config
+from fastattn._sdpa import scaled_dot_product_attention
+from fastattn._threads import get_num_threads, set_num_threads
+
+__version__ = _core.version
+
+__all__ = [
+    "__version__",
+    "get_num_threads",
+    "scaled_dot_product_attention",
+    "set_num_threads",
+    "show_config",
+]
+
+if _os.environ.get("FASTATTN_ISA"):
+    try:
+        _core.set_isa(_os.environ["FASTATTN_ISA"].strip().lower())
+    except ValueError as exc:
+        raise ImportError(f"fastattn: {exc}; available here: {_core.available_isas()}") from None
+
+from fastattn import _threads as _threads_module  # noqa: E402
+
+_threads_module._register_threadpoolctl()

@@ -1,0 +1,35 @@
+"""fastattn.show_config: what this build is and what it runs with."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from fastattn import _core, _threads
+
+
+def config() -> dict:
+    """The facts :func:`show_config` prints, as a dict."""
+    return {
+        "fastattn": _core.version,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "compiler": _core.compiler,
+        "openmp": str(_core.openmp_version),
+        "isa": _core.active_isa(),
+        "isas_available": ", ".join(_core.available_isas()),
+        "isas_compiled": ", ".join(_core.compiled_isas()),
+        "num_threads": str(_threads.get_num_threads()),
+    }
+
+
+def show_config(file=None) -> None:
+    """Print fastattn's version, ISA, threads, OpenMP and compiler.
+
+    >>> import fastattn
+    >>> fastattn.show_config()  # doctest: +ELLIPSIS
+    fastattn: ...
+    """
+    for name, value in config().items():
+        print(f"{name}: {value}", file=file or sys.stdout)

@@ -1,0 +1,121 @@
+"""Thread-count policy shared by every kernel call.
+
+Order of precedence: a call's ``num_threads=``; then :func:`set_num_threads`; then the
+environment variable ``FASTATTN_NUM_THREADS``, then ``OMP_NUM_THREADS``; then the CPUs
+this process may run on. Each kernel call passes its count explicitly to its OpenMP
+region, so calls made from other Python threads honour the setting too.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+
+_lock = threading.Lock()
+_setting: int | None = None  # set_num_threads(); None = follow the environment
+
+
+def _check_count(n: object, name: str) -> int:
+    if isinstance(n, bool):
+        raise TypeError(f"{name} must be an integer >= 1, got {n!r}")
+    try:
+        value = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer >= 1, got {n!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _from_environment() -> int:
+    for var in ("FASTATTN_NUM_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(var, "").strip()
+        if raw:
+            first = raw.split(",")[0].strip()  # OMP_NUM_THREADS may list nesting levels
+            try:
+                return _check_count(int(first), var)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"environment variable {var}={raw!r} is not a positive integer"
+                ) from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def get_num_threads() -> int:
+    """Return the number of threads fastattn's kernels use when a call does not say.
+
+    >>> import fastattn
+    >>> fastattn.get_num_threads() >= 1
+    True
+    """
+    setting = _setting
+    return setting if setting is not None else _from_environment()
+
+
+class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
+    """Set the default thread count for fastattn's kernels; usable as a context manager.
+
+    ``n`` is an integer >= 1, or ``None`` to follow the environment again
+    (``FASTATTN_NUM_THREADS``, ``OMP_NUM_THREADS``, then the CPUs available).
+    As a context manager it restores the previous setting on exit.
+
+    >>> import fastattn
+    >>> with fastattn.set_num_threads(1):
+    ...     fastattn.get_num_threads()
+    1
+    """
+
+    def __init__(self, n: int | None) -> None:
+        global _setting
+        value = None if n is None else _check_count(n, "n")
+        with _lock:
+            self._previous = _setting
+            _setting = value
+
+    def __enter__(self) -> set_num_threads:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _setting
+        with _lock:
+            _setting = self._previous
+
+
+def resolve(num_threads: int | None) -> int:
+    """The thread count for one call (validating a per-call ``num_threads=``)."""
+    if num_threads is None:
+        return get_num_threads()
+    return _check_count(num_threads, "num_threads")
+
+
+def _register_threadpoolctl() -> None:
+    """Let threadpoolctl see and limit fastattn (``user_api="openmp"``), if installed."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return
+    if not hasattr(threadpoolctl, "register"):  # threadpoolctl < 3.5
+        return
+
+    class FastattnController(threadpoolctl.LibController):
+        user_api = "openmp"
+        internal_api = "fastattn"
+        filename_prefixes = ("_core.",)
+        check_symbols = ("fastattn_threadpool_marker",)
+
+        def get_num_threads(self) -> int:
+            return get_num_threads()
+
+        def set_num_threads(self, num_threads: int) -> None:
+            set_num_threads(num_threads)
+
+        def get_version(self) -> str:
+            from fastattn import __version__
+
+            return __version__
+
+    threadpoolctl.register(FastattnController)

@@ -1,0 +1,187 @@
+"""Plain-NumPy twins of fastattn's functions: the oracle for the tests.
+
+Same signatures as the fast functions, computed in float64 with whole score matrices,
+written for clarity rather than speed. These define the semantics (``DESIGN.md`` §2): the
+fast path must match them. Arguments are checked by the same validation layer, so bad
+input raises the same errors here.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from fastattn import _threads
+from fastattn._validate import (
+    broadcast_valid_lens,
+    check_flag,
+    check_out,
+    float_array,
+    result_dtypes,
+    sdpa_args,
+)
+
+__all__ = ["masked_softmax", "scaled_dot_product_attention"]
+
+
+def _visible_keys(num_q: int, num_k: int, diag_offset: int, is_causal: bool,
+                  window: tuple[int, int]) -> np.ndarray:
+    """(Lq, Lk) bool: key j visible to row i under causal/window (alignment applied)."""
+    i = np.arange(num_q)[:, None] + diag_offset
+    j = np.arange(num_k)[None, :]
+    visible = np.ones((num_q, num_k), dtype=bool)
+    if is_causal:
+        visible &= j <= i
+    left, right = window
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    return visible
+
+
+def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
+    """Masked softmax over the last axis in float64: (weights, lse); empty rows -> 0, -inf."""
+    s = np.where(allowed, scores, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(
+        s.shape[:-1] + (1,), -np.inf)
+    empty = row_max == -np.inf
+    shifted = s - np.where(empty, 0.0, row_max)
+    p = np.exp(shifted)
+    total = p.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weights = np.where(empty, 0.0, p / total)
+        lse = np.where(empty, -np.inf, row_max + np.log(total))[..., 0]
+    return weights, lse
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    *,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
+    scale=None,
+    softcap=None,
+    return_lse=False,
+    return_weights=False,
+    out=None,
+    num_threads=None,
+):
+    """NumPy twin of :func:`fastattn.scaled_dot_product_attention` (float64 inside).
+
+    Keys that a row may not attend contribute nothing, even if their values are NaN.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = k = v = np.eye(2)
+    >>> reference.scaled_dot_product_attention(q, k, v, is_causal=True)[0]
+    array([1., 0.])
+    """
+    args = sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
+                     window, scale, softcap)
+    want_lse = check_flag(return_lse, "return_lse")
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
+                   "valid_lens": valid_lens})
+
+    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
+    group = q.shape[-3] // k.shape[-3]
+    k = np.repeat(k, group, axis=-3)  # query head h reads kv head h // group
+    v = np.repeat(v, group, axis=-3)
+    num_q, num_k = q.shape[-2], k.shape[-2]
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = (q @ np.swapaxes(k, -1, -2)) * args.scale
+        if args.softcap is not None:
+            scores = args.softcap * np.tanh(scores / args.softcap)
+        if args.float_mask is not None:
+            scores = scores + args.float_mask.astype(np.float64)
+
+    allowed = np.broadcast_to(
+        _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
+        args.full_scores_shape)
+    if args.valid_lens is not None:
+        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
+    if args.bool_mask is not None:
+        allowed = allowed & args.bool_mask
+
+    weights, lse = _softmax_rows(scores, allowed)
+    if np.isfinite(v).all():
+        output = weights @ v
+    else:  # values of keys a row does not attend must not reach it (0 * NaN = NaN)
+        terms = np.where(weights[..., None] > 0, weights[..., None] * v[..., None, :, :], 0.0)
+        output = terms.sum(axis=-2)
+
+    output = output.reshape(args.out_shape).astype(args.result_dtype)
+    if out is not None:
+        np.copyto(out, output)
+        output = out
+    extras = []
+    if want_lse:
+        extras.append(lse.reshape(args.out_shape[:-1]).astype(args.compute_dtype))
+    if want_weights:
+        extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype))
+    return (output, *extras) if extras else output
+
+
+def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None):
+    """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
+
+    ``valid_lens`` (int) keeps entries ``j < valid_len``; its shape is a leading prefix of
+    the rows' shape (``x``'s shape without ``axis``), size-1 axes broadcasting: for ``x``
+    of shape ``(B, Lq, Lk)``, ``(B,)`` is per batch entry and ``(B, Lq)`` per row (d2l).
+    ``mask`` is bool, broadcastable to ``x``, True = keep. A row with nothing kept is all
+    zeros. float16 is computed in float32 and returned as float16.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> reference.masked_softmax(np.zeros((1, 4)), np.array([2]))
+    array([[0.5, 0.5, 0. , 0. ]])
+    """
+    a = float_array(x, "x", min_ndim=1)
+    result, _ = result_dtypes(a)
+    if isinstance(axis, (bool, np.bool_)):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    try:
+        ax = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"axis must be an int, got {axis!r}") from None
+    if not -a.ndim <= ax < a.ndim:
+        raise ValueError(f"axis {axis} is out of bounds for x with {a.ndim} dimensions")
+    ax %= a.ndim
+    if out is not None:
+        check_out(out, a.shape, result, {"x": x, "valid_lens": valid_lens, "mask": mask})
+
+    moved = np.moveaxis(a, ax, -1).astype(np.float64)
+    allowed = np.ones(moved.shape, dtype=bool)
+    if valid_lens is not None:
+        vl = broadcast_valid_lens(valid_lens, moved.shape[:-1], moved.shape[:-1],
+                                  moved.shape[-1])
+        allowed &= np.arange(moved.shape[-1]) < vl[..., None]
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"mask must be a bool array (True = keep), got dtype {m.dtype}")
+        try:
+            if np.broadcast_shapes(m.shape, a.shape) != a.shape:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"mask of shape {m.shape} does not broadcast to x's shape {a.shape}"
+            ) from None
+        allowed &= np.moveaxis(np.broadcast_to(m, a.shape), ax, -1)
+    weights, _ = _softmax_rows(moved, allowed)
+    weights = np.moveaxis(weights, -1, ax).astype(result)
+    if out is not None:
+        np.copyto(out, weights)
+        return out
+    return weights
