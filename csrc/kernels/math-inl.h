@@ -83,6 +83,60 @@ inline T exp_approx(T x) {
   return select(x < Tr::kMin, T(0), select(x != x, x, result));
 }
 
+// exp_approx on a whole vector (GCC vector extensions): same algorithm, same results
+// lane by lane as the scalar version.
+template <typename T, typename V>
+inline V exp_approx_vec(V x) {
+  using Tr = ExpTraits<T>;
+  typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
+  constexpr T kLog2e = T(1.4426950408889634);
+  const V lo = V{} + Tr::kMin, hi = V{} + Tr::kMax, zero = V{};
+  V xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  xc = x != x ? zero : xc;
+  const V n = (xc * kLog2e + Tr::kRound) - Tr::kRound;
+  const V r = (xc - n * Tr::kLn2Hi) - n * Tr::kLn2Lo;
+  V poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = zero + T(1.0 / 5040);
+    poly = poly * r + T(1.0 / 720);
+    poly = poly * r + T(1.0 / 120);
+    poly = poly * r + T(1.0 / 24);
+    poly = poly * r + T(1.0 / 6);
+    poly = poly * r + T(0.5);
+    poly = poly * r + T(1);
+    poly = poly * r + T(1);
+  } else {
+    poly = zero + T(1.0 / 6227020800.0);
+    poly = poly * r + T(1.0 / 479001600.0);
+    poly = poly * r + T(1.0 / 39916800.0);
+    poly = poly * r + T(1.0 / 3628800.0);
+    poly = poly * r + T(1.0 / 362880.0);
+    poly = poly * r + T(1.0 / 40320.0);
+    poly = poly * r + T(1.0 / 5040.0);
+    poly = poly * r + T(1.0 / 720.0);
+    poly = poly * r + T(1.0 / 120.0);
+    poly = poly * r + T(1.0 / 24.0);
+    poly = poly * r + T(1.0 / 6.0);
+    poly = poly * r + T(0.5);
+    poly = poly * r + T(1);
+    poly = poly * r + T(1);
+  }
+  const BitsV e = (__builtin_convertvector(n, BitsV) + Tr::kBias) << Tr::kMantissa;
+  const V result = poly * reinterpret_cast<const V&>(e);
+  const V out = x != x ? x : result;
+  return x < lo ? zero : out;
+}
+
+template <typename T, typename V>
+inline V tanh_approx_vec(V x) {
+  const V zero = V{};
+  const V ax = x < zero ? -x : x;
+  const V t = exp_approx_vec<T>(T(-2) * ax);
+  const V th = (T(1) - t) / (T(1) + t);
+  return x < zero ? -th : th;
+}
+
 // tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); absolute error ~ulp(1), which is
 // what a softcap needs (the capped score feeds exp, where absolute error is what counts).
 template <typename T>

@@ -296,6 +296,8 @@ void attend_rows(const TaskContext<T>& ctx, Scratch<T>& sc, int64_t b, int64_t h
       for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * qr[e];
     }
   }
+  using V = typename VecOf<T>::type;
+  constexpr int L = Tr::kLanes;
   const bool softcap = p.softcap > 0;
   const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
 
@@ -312,55 +314,66 @@ void attend_rows(const TaskContext<T>& ctx, Scratch<T>& sc, int64_t b, int64_t h
 
     scores_tile(sc.q, E, sc.kt, kt_ld, sc.s, nrows, ncols);
 
-    // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum.
+    // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum,
+    // all in whole vectors over the padded width ncols (padding is masked out).
     for (int64_t r = 0; r < nrows; ++r) {
       T* s = sc.s + r * kt_ld;
       const int64_t i = i0 + r;
       const int64_t jlo = imax(sc.lo[r] - kb, 0), jhi = imin(sc.hi[r] - kb, n);
       if (jlo >= jhi) {  // this row sees nothing in this block
-        for (int64_t j = 0; j < n; ++j) s[j] = T(0);
+        for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
         if (weights)
           for (int64_t j = 0; j < n; ++j) weights[i * Lk + kb + j] = kNegInf;
         sc.zeros[r] = n;
         continue;
       }
       if (softcap) {
-        for (int64_t j = 0; j < n; ++j) s[j] = cap * tanh_approx(s[j] * inv_cap);
+        for (int64_t j = 0; j < ncols; j += L)
+          vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
       }
       if (fmask) {
         const T* fm = fmask + i * p.float_mask.row_stride + kb * p.float_mask.col_stride;
         const int64_t cs = p.float_mask.col_stride;
-        for (int64_t j = 0; j < n; ++j) s[j] += fm[j * cs];
+        for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
       }
       if (bmask) {
         const uint8_t* bm = bmask + i * p.bool_mask.row_stride + kb * p.bool_mask.col_stride;
         const int64_t cs = p.bool_mask.col_stride;
-        for (int64_t j = 0; j < n; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
+        for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
+      }
+      for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
+      for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
+      V vmax = V{} + kNegInf;
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V x = vload(s + j);
+        vmax = (x > vmax) | (x != x) ? x : vmax;  // NaN propagates to the output
       }
       T mx = kNegInf;
-      for (int64_t j = 0; j < n; ++j) {
-        const T x = (j < jlo || j >= jhi) ? kNegInf : s[j];
-        s[j] = x;
-        mx = (x > mx || x != x) ? x : mx;  // NaN propagates to the output
+      for (int lane = 0; lane < L; ++lane) {
+        const T x = vmax[lane];
+        mx = (x > mx || x != x) ? x : mx;
       }
       if (weights) std::memcpy(weights + i * Lk + kb, s, size_t(n) * sizeof(T));
       const T m_old = sc.m[r];
       const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
       if (m_new == kNegInf) {  // everything so far masked
-        for (int64_t j = 0; j < n; ++j) s[j] = T(0);
+        for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
         sc.zeros[r] = n;
         continue;
       }
-      T sum = 0;
-      int64_t zeros = 0;
-#pragma omp simd reduction(+ : sum, zeros)
-      for (int64_t j = 0; j < n; ++j) {
-        const T e = exp_approx(s[j] - m_new);
-        s[j] = e;
-        sum += e;
-        zeros += (e == T(0));
+      V vsum = V{}, vzeros = V{};
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V e = exp_approx_vec<T>(vload(s + j) - m_new);
+        vstore(s + j, e);
+        vsum += e;
+        vzeros += e == T(0) ? V{} + T(1) : V{};
       }
-      sc.zeros[r] = zeros;
+      T sum = 0, zeros = 0;
+      for (int lane = 0; lane < L; ++lane) {
+        sum += vsum[lane];
+        zeros += vzeros[lane];
+      }
+      sc.zeros[r] = int64_t(zeros) - (ncols - n);  // the padding is always zero
       // Rescale only when the max grew (alpha == 1 otherwise); e^-inf = 0 on first use.
       if (m_new != m_old) {
         const T alpha = exp_approx(m_old - m_new);
