@@ -1,0 +1,90 @@
+"""Shared pieces of the benchmark suite: implementations, flop counts, the summary table.
+
+Each benchmark group is one shape; every group holds fastattn, the NumPy formula a user
+would write (float32), and PyTorch's CPU SDPA when torch is installed. A "matmul" group
+measures the machine's float32 matrix-multiply rate in the same run, so kernels are
+reported as a fraction of it. The summary printed at the end gives medians, GFLOP/s,
+% of that matmul rate and same-run speed-ups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastattn
+
+_results: dict[str, dict[str, tuple[float, float]]] = {}  # group -> impl -> (median s, flops)
+
+
+def numpy_sdpa(q, k, v, *, is_causal=False):
+    """Attention as a NumPy user writes it: whole score matrix, in the inputs' dtype."""
+    s = q @ np.swapaxes(k, -1, -2)
+    s *= s.dtype.type(1.0 / np.sqrt(q.shape[-1]))
+    if is_causal:
+        lq, lk = s.shape[-2:]
+        s[..., ~np.tri(lq, lk, dtype=bool)] = -np.inf
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s @ v
+
+
+def attention_flops(q_shape, k_shape, v_shape, is_causal=False) -> float:
+    """4 * B * Hq * Lq * Lk * E (QK^T and PV), halved (about) under a causal mask."""
+    *batch, hq, lq, e = q_shape
+    lk = k_shape[-2]
+    flops = 2.0 * np.prod(batch, dtype=float) * hq * lq * lk * (e + v_shape[-1])
+    if is_causal:
+        visible = sum(min(i + 1, lk) for i in range(lq)) / (lq * lk)
+        flops *= visible
+    return flops
+
+
+@pytest.fixture
+def record(benchmark):
+    """record(group, impl, flops, fn, *args): benchmark fn and keep its median for the summary."""
+
+    def run(impl: str, flops: float, fn, *args, **kwargs):
+        benchmark.extra_info["gflops_per_call"] = flops / 1e9
+        result = benchmark(fn, *args, **kwargs)
+        median = benchmark.stats.stats.median
+        _results.setdefault(benchmark.group, {})[impl] = (median, flops)
+        return result
+
+    return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _results:
+        return
+    tr = terminalreporter
+    tr.section("fastattn benchmark summary (medians, same run)")
+    import io
+
+    buf = io.StringIO()
+    fastattn.show_config(file=buf)
+    for line in buf.getvalue().splitlines():
+        tr.write_line("  " + line)
+    matmul = _results.get("matmul float32", {}).get("numpy")
+    matmul_rate = matmul[1] / matmul[0] if matmul else None
+    if matmul_rate:
+        tr.write_line(f"  float32 matmul rate (numpy a @ b, same run): {matmul_rate / 1e9:.1f} GFLOP/s")
+    tr.write_line("")
+    header = f"{'group':44s} {'impl':10s} {'median ms':>10s} {'GFLOP/s':>9s} {'% matmul':>9s} {'vs numpy':>9s} {'vs torch':>9s}"
+    tr.write_line(header)
+    tr.write_line("-" * len(header))
+    for group in sorted(_results):
+        if group == "matmul float32":
+            continue
+        impls = _results[group]
+        for impl, (median, flops) in sorted(impls.items()):
+            rate = flops / median
+            frac = f"{rate / matmul_rate:9.0%}" if matmul_rate else f"{'-':>9s}"
+            vs = []
+            for base in ("numpy", "torch"):
+                if base in impls and impl != base:
+                    vs.append(f"{impls[base][0] / median:8.2f}x")
+                else:
+                    vs.append(f"{'-':>9s}")
+            tr.write_line(f"{group:44s} {impl:10s} {median * 1e3:10.2f} {rate / 1e9:9.1f} {frac} {vs[0]} {vs[1]}")
