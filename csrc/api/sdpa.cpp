@@ -30,14 +30,18 @@ StridedView view_of(const ArrayRef& a, const char* name, int64_t batch_ndim, int
   v.row_stride = a.strides[batch_ndim + 1] / a.itemsize;
   if (tail == 3) {
     v.col_stride = a.strides[batch_ndim + 2] / a.itemsize;
+    bool empty = false;  // an empty array's strides mean nothing (NumPy may zero them)
+    for (int64_t n : a.shape) empty = empty || n == 0;
     if (unit_last)
-      require(v.col_stride == 1 || a.shape[batch_ndim + 2] <= 1,
+      require(v.col_stride == 1 || a.shape[batch_ndim + 2] <= 1 || empty,
               std::string(name) + " must have a unit-stride last axis");
   }
   return v;
 }
 
 bool is_contiguous(const ArrayRef& a) {
+  for (int64_t n : a.shape)
+    if (n == 0) return true;
   int64_t expected = a.itemsize;
   for (int64_t d = a.ndim() - 1; d >= 0; --d) {
     if (a.shape[d] != 1 && a.strides[d] != expected) return false;
