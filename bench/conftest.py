@@ -69,9 +69,12 @@ def pytest_terminal_summary(terminalreporter):
     matmul = _results.get("matmul float32", {}).get("numpy")
     matmul_rate = matmul[1] / matmul[0] if matmul else None
     if matmul_rate:
-        tr.write_line(f"  float32 matmul rate (numpy a @ b, same run): {matmul_rate / 1e9:.1f} GFLOP/s")
+        tr.write_line(
+            f"  float32 matmul rate (numpy a @ b, same run): {matmul_rate / 1e9:.1f} GFLOP/s"
+        )
     tr.write_line("")
-    header = f"{'group':44s} {'impl':10s} {'median ms':>10s} {'GFLOP/s':>9s} {'% matmul':>9s} {'vs numpy':>9s} {'vs torch':>9s}"
+    columns = ("median ms", "GFLOP/s", "% matmul", "vs numpy", "vs torch")
+    header = f"{'group':44s} {'impl':10s} " + " ".join(f"{c:>9s}" for c in columns)
     tr.write_line(header)
     tr.write_line("-" * len(header))
     for group in sorted(_results):
@@ -87,4 +90,7 @@ def pytest_terminal_summary(terminalreporter):
                     vs.append(f"{impls[base][0] / median:8.2f}x")
                 else:
                     vs.append(f"{'-':>9s}")
-            tr.write_line(f"{group:44s} {impl:10s} {median * 1e3:10.2f} {rate / 1e9:9.1f} {frac} {vs[0]} {vs[1]}")
+            tr.write_line(
+                f"{group:44s} {impl:10s} {median * 1e3:9.2f} {rate / 1e9:9.1f} {frac} "
+                f"{vs[0]} {vs[1]}"
+            )

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import attention_flops, numpy_sdpa  # bench/conftest.py
 
 import fastattn
-from conftest import attention_flops, numpy_sdpa  # bench/conftest.py
 
 try:
     import torch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os as _os
 
-from fastattn import _core, reference
+from fastattn import _core, reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._config import show_config
 from fastattn._sdpa import scaled_dot_product_attention
 from fastattn._threads import get_num_threads, set_num_threads
