@@ -61,7 +61,12 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
 
     ``n`` is an integer >= 1, or ``None`` to follow the environment again
     (``FASTATTN_NUM_THREADS``, ``OMP_NUM_THREADS``, then the CPUs available).
-    As a context manager it restores the previous setting on exit.
+    As a context manager it restores the previous setting on exit. The setting is
+    process-wide (like threadpoolctl's limits): with-blocks in different Python threads
+    that overlap restore in the order they exit. For a per-thread choice pass
+    ``num_threads=`` to each call. A call runs at most 4 threads per CPU, and a child
+    process made by ``os.fork()`` runs single-threaded (OpenMP's pool does not survive
+    a fork); results are the same for any thread count.
 
     >>> import fastattn
     >>> with fastattn.set_num_threads(1):
@@ -85,11 +90,31 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
             _setting = self._previous
 
 
+def _cap() -> int:
+    """At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
+    process's thread limit (OpenMP then aborts the interpreter)."""
+    return 4 * max(1, os.cpu_count() or 1)
+
+
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    # GNU OpenMP's thread pool does not survive fork(): a parallel region in the child would
+    # hang. The child runs single-threaded instead (results do not depend on thread count).
+    global _forked_child
+    _forked_child = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def resolve(num_threads: int | None) -> int:
-    """The thread count for one call (validating a per-call ``num_threads=``)."""
-    if num_threads is None:
-        return get_num_threads()
-    return _check_count(num_threads, "num_threads")
+    """The thread count for one call (validating a per-call ``num_threads=``), capped at
+    4 per CPU; 1 in a child process created by ``os.fork()``."""
+    n = get_num_threads() if num_threads is None else _check_count(num_threads, "num_threads")
+    return 1 if _forked_child else min(n, _cap())
 
 
 def _register_threadpoolctl() -> None:

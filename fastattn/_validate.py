@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_UNBOUNDED = 2**40  # larger than any sequence length; window sides are clamped to it
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -46,6 +47,7 @@ def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if a.ndim and (
         (a.shape[-1] > 1 and a.strides[-1] != a.itemsize)
         or any(s % a.itemsize for s in a.strides)
+        or not a.flags.aligned
     ):
         a = np.ascontiguousarray(a)
     return a
@@ -94,7 +96,7 @@ def check_window(window: object) -> tuple[int, int]:
             raise TypeError(f"window {side} must be an int >= 0 or None, got {value!r}") from None
         if n < 0:
             raise ValueError(f"window {side} must be >= 0 or None, got {n}")
-        sides.append(n)
+        sides.append(min(n, _UNBOUNDED))  # any side >= Lq + Lk is unbounded; keeps int64 safe
     return sides[0], sides[1]
 
 
@@ -112,7 +114,7 @@ def broadcast_mask(mask: object, name: str, user_shape: tuple, full_shape: tuple
             f"{name} must be a bool array (True = may attend) or a float array added to the "
             f"scores, got dtype {m.dtype}"
         )
-    if any(st % m.itemsize for st in m.strides):
+    if any(st % m.itemsize for st in m.strides) or not m.flags.aligned:
         m = m.copy()
     try:
         if m.ndim > len(user_shape):
@@ -151,7 +153,10 @@ def broadcast_valid_lens(valid_lens: object, rows_shape: tuple, full_rows_shape:
                 f"valid_lens must lie in [0, {num_keys}] (the number of keys), "
                 f"got values from {lo} to {hi}"
             )
-    vl = vl.astype(np.int64, copy=False).reshape(vl.shape + (1,) * (len(rows_shape) - vl.ndim))
+    vl = vl.astype(np.int64, copy=False)
+    if any(s % vl.itemsize for s in vl.strides) or not vl.flags.aligned:
+        vl = vl.copy()
+    vl = vl.reshape(vl.shape + (1,) * (len(rows_shape) - vl.ndim))
     return np.broadcast_to(vl, full_rows_shape)
 
 
@@ -225,7 +230,7 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
         raise ValueError(
             f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})"
         )
-    if hkv == 0 or hq % hkv:
+    if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
         raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
     if len(batch) > 61:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
@@ -244,13 +249,19 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
         vl = broadcast_valid_lens(valid_lens, scores[:-1], full_scores[:-1], lk)
 
     causal = check_flag(is_causal, "is_causal")
-    if causal_alignment not in ("top_left", "bottom_right"):
+    if not isinstance(causal_alignment, str) or causal_alignment not in (
+        "top_left", "bottom_right"):
         raise ValueError(
             f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}"
         )
     win = check_window(window)
     scale_value = 1.0 / math.sqrt(e) if scale is None else check_real(scale, "scale")
+    limit = float(np.finfo(compute).max)
+    if abs(scale_value) > limit:
+        raise ValueError(f"scale must be finite in {compute} (|scale| <= {limit:.3g}), got {scale}")
     cap = None if softcap is None else check_real(softcap, "softcap", positive=True)
+    if cap is not None and cap > limit:
+        cap = None  # c * tanh(s / c) == s to the last bit for any c this large
 
     return SdpaArgs(
         query=q3,

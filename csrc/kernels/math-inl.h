@@ -4,7 +4,6 @@
 #pragma once  // per translation unit; each ISA has its own TU
 
 #include <cstdint>
-#include <limits>
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
@@ -123,28 +122,56 @@ inline V exp_approx_vec(V x) {
     poly = poly * r + T(1);
   }
   const BitsV e = (__builtin_convertvector(n, BitsV) + Tr::kBias) << Tr::kMantissa;
-  const V result = poly * reinterpret_cast<const V&>(e);
+  const V result = poly * (V)e;  // GCC vector cast: reinterprets the bits
   const V out = x != x ? x : result;
   return x < lo ? zero : out;
 }
 
+// e^y - 1 without cancellation: y * (1 + y/2 + y^2/6 + ...) for |y| <= ln2/2 (Taylor to the
+// same order as exp_approx), e^y - 1 elsewhere (where it has no cancellation to speak of).
+template <typename T, typename V>
+inline V expm1_approx_vec(V y) {
+  const V zero = V{};
+  V poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = zero + T(1.0 / 40320);
+    poly = poly * y + T(1.0 / 5040);
+    poly = poly * y + T(1.0 / 720);
+    poly = poly * y + T(1.0 / 120);
+    poly = poly * y + T(1.0 / 24);
+    poly = poly * y + T(1.0 / 6);
+    poly = poly * y + T(0.5);
+    poly = poly * y + T(1);
+  } else {
+    poly = zero + T(1.0 / 87178291200.0);
+    poly = poly * y + T(1.0 / 6227020800.0);
+    poly = poly * y + T(1.0 / 479001600.0);
+    poly = poly * y + T(1.0 / 39916800.0);
+    poly = poly * y + T(1.0 / 3628800.0);
+    poly = poly * y + T(1.0 / 362880.0);
+    poly = poly * y + T(1.0 / 40320.0);
+    poly = poly * y + T(1.0 / 5040.0);
+    poly = poly * y + T(1.0 / 720.0);
+    poly = poly * y + T(1.0 / 120.0);
+    poly = poly * y + T(1.0 / 24.0);
+    poly = poly * y + T(1.0 / 6.0);
+    poly = poly * y + T(0.5);
+    poly = poly * y + T(1);
+  }
+  const V small = y * poly;
+  const V ay = y < zero ? -y : y;
+  return ay <= T(0.34657359027997264) ? small : exp_approx_vec<T>(y) - T(1);
+}
+
+// tanh(x) = sign(x) * -m / (2 + m) with m = e^{-2|x|} - 1: relative error of a few ulp for
+// every x (a softcap with a large cap sees small x, where 1 - e^{-2|x|} would cancel).
 template <typename T, typename V>
 inline V tanh_approx_vec(V x) {
   const V zero = V{};
   const V ax = x < zero ? -x : x;
-  const V t = exp_approx_vec<T>(T(-2) * ax);
-  const V th = (T(1) - t) / (T(1) + t);
+  const V m = expm1_approx_vec<T>(T(-2) * ax);
+  const V th = -m / (T(2) + m);
   return x < zero ? -th : th;
-}
-
-// tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|}); absolute error ~ulp(1), which is
-// what a softcap needs (the capped score feeds exp, where absolute error is what counts).
-template <typename T>
-inline T tanh_approx(T x) {
-  const T ax = select(x < T(0), -x, x);
-  const T t = exp_approx(T(-2) * ax);
-  const T th = (T(1) - t) / (T(1) + t);
-  return select(x < T(0), -th, th);
 }
 
 }  // namespace FASTATTN_ISA_NS

@@ -12,11 +12,9 @@
 
 #include <omp.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "api/sdpa_params.h"
 #include "kernels/math-inl.h"
@@ -238,7 +236,7 @@ void attend_rows(const TaskContext<T>& ctx, Scratch<T>& sc, int64_t b, int64_t h
                  int64_t nrows) {
   const SdpaParams& p = *ctx.p;
   using Tr = SdpaTraits<T>;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  constexpr T kNegInf = -T(__builtin_inf());
   const int64_t E = p.head_dim, Ev = p.head_dim_v, Lk = p.len_k;
   const int64_t kt_ld = ctx.kt_ld;
 
@@ -410,7 +408,7 @@ void attend_rows(const TaskContext<T>& ctx, Scratch<T>& sc, int64_t b, int64_t h
     const T inv = empty ? T(0) : T(1) / sc.l[r];
     const T* a = sc.acc + r * Ev;
     for (int64_t c = 0; c < Ev; ++c) o[c] = empty ? T(0) : a[c] * inv;
-    const T row_lse = empty ? kNegInf : m + std::log(sc.l[r]);
+    const T row_lse = empty ? kNegInf : m + T(__builtin_log(double(sc.l[r])));
     if (lse) lse[i] = row_lse;
     if (weights && klo < khi) {
       T* w = weights + i * Lk;
