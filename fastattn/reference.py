@@ -118,7 +118,9 @@ def scaled_dot_product_attention(
     if np.isfinite(v).all():
         output = weights @ v
     else:  # values of keys a row does not attend must not reach it (0 * NaN = NaN)
-        terms = np.where(weights[..., None] > 0, weights[..., None] * v[..., None, :, :], 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            w = weights[..., None]
+            terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
         output = terms.sum(axis=-2)
 
     output = output.reshape(args.out_shape).astype(args.result_dtype)
