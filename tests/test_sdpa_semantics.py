@@ -734,8 +734,9 @@ MEMORY_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units are Linux's")
 def test_peak_memory_single_head_32k_keys():
     """L = 32768, E = 64, one head: far less than the 4 GiB a score matrix would take."""
+    # cwd: tests/, so the child imports the installed fastattn, not the source tree
     proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=300, check=False, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr
     extra = int(proc.stdout.strip().splitlines()[-1])
     assert extra < 64 * 2**20, f"peak RSS grew by {extra / 2**20:.1f} MiB during the call"

@@ -249,8 +249,9 @@ def test_doctests(module):
 def _python(code: str, **env_overrides):
     env = dict(os.environ)
     env.update(env_overrides)
+    # cwd: tests/, so the child imports the installed fastattn, not the source tree
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+                          env=env, timeout=120, check=False, cwd=os.path.dirname(__file__))
 
 
 def test_fastattn_isa_bogus_fails_naming_variable():
