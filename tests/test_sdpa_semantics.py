@@ -10,6 +10,7 @@ vs an explicit mask, GQA vs repeated heads) within the tolerance of
 from __future__ import annotations
 
 import doctest
+import os
 import subprocess
 import sys
 import textwrap
