@@ -82,37 +82,45 @@ inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t
   return off;
 }
 
+// One row of a task: a (query head, query position) pair and where its data lives.
+template <typename T>
+struct RowRef {
+  const T* q;              // query row
+  T* out;                  // output row
+  const uint8_t* bmask;    // bool-mask row (strided by bool_mask.col_stride) or null
+  const T* fmask;          // float-mask row (strided by float_mask.col_stride) or null
+  T* weights;              // weights row (len_k, contiguous) or null
+  T* lse;                  // lse element or null
+  int64_t lo, hi;          // visible keys [lo, hi), already clipped to the task's key range
+};
+
 // Per-thread scratch, one aligned allocation reused by every task the thread runs.
 template <typename T>
 struct Scratch {
-  T* q = nullptr;      // kBlockQ x head_dim, pre-scaled
+  T* q = nullptr;      // max_rows x head_dim, pre-scaled
   T* kt = nullptr;     // head_dim x kt_ld, the key block transposed, zero-padded
-  T* s = nullptr;      // kBlockQ x kt_ld, scores then probabilities
-  T* acc = nullptr;    // kBlockQ x head_dim_v, unnormalised output
-  T* m = nullptr;      // kBlockQ running row max
-  T* l = nullptr;      // kBlockQ running row sum
-  int64_t* lo = nullptr;  // kBlockQ visible key range per row
-  int64_t* hi = nullptr;
-  int64_t* zeros = nullptr;  // kBlockQ: probabilities exactly 0 in the current block
+  T* s = nullptr;      // kSubRows x kt_ld, scores then probabilities
+  T* acc = nullptr;    // max_rows x head_dim_v, unnormalised output
+  T* m = nullptr;      // max_rows running row max
+  T* l = nullptr;      // max_rows running row sum
+  int64_t* zeros = nullptr;  // kSubRows: probabilities exactly 0 in the current block
+  RowRef<T>* rows = nullptr;  // max_rows
   void* raw = nullptr;
 
-  bool allocate(int64_t block_q, int64_t head_dim, int64_t head_dim_v, int64_t kt_ld) {
-    const int64_t sizes[9] = {block_q * head_dim * int64_t(sizeof(T)),
-                              head_dim * kt_ld * int64_t(sizeof(T)),
-                              block_q * kt_ld * int64_t(sizeof(T)),
-                              block_q * imax(head_dim_v, 1) * int64_t(sizeof(T)),
-                              block_q * int64_t(sizeof(T)),
-                              block_q * int64_t(sizeof(T)),
-                              block_q * 8,
-                              block_q * 8,
-                              block_q * 8};
+  bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
+                int64_t kt_ld) {
+    const int64_t t = int64_t(sizeof(T));
+    const int64_t sizes[8] = {max_rows * head_dim * t,      head_dim * kt_ld * t,
+                              sub_rows * kt_ld * t,         max_rows * imax(head_dim_v, 1) * t,
+                              max_rows * t,                 max_rows * t,
+                              sub_rows * 8,                 max_rows * int64_t(sizeof(RowRef<T>))};
     int64_t total = 0;
     for (int64_t b : sizes) total += round_up(b, 64);
     raw = std::aligned_alloc(64, size_t(total));
     if (!raw) return false;
     char* c = static_cast<char*>(raw);
-    void* parts[9];
-    for (int i = 0; i < 9; ++i) {
+    void* parts[8];
+    for (int i = 0; i < 8; ++i) {
       parts[i] = c;
       c += round_up(sizes[i], 64);
     }
@@ -122,9 +130,8 @@ struct Scratch {
     acc = static_cast<T*>(parts[3]);
     m = static_cast<T*>(parts[4]);
     l = static_cast<T*>(parts[5]);
-    lo = static_cast<int64_t*>(parts[6]);
-    hi = static_cast<int64_t*>(parts[7]);
-    zeros = static_cast<int64_t*>(parts[8]);
+    zeros = static_cast<int64_t*>(parts[6]);
+    rows = static_cast<RowRef<T>*>(parts[7]);
     return true;
   }
   ~Scratch() { std::free(raw); }
@@ -223,239 +230,382 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
   }
 }
 
+// How a call is cut into work. A task is (batch entry, kv head, block of query rows) and
+// covers the query rows of every query head in the kv head's GQA group, so each packed
+// K^T block and each V block serve all of them. Key blocks sit at multiples of block_k
+// whatever the task, so a row's arithmetic does not depend on how rows are grouped into
+// tasks; block_q (and so the task count) may therefore follow the thread count while
+// results stay bit-identical. Decode-like calls with few tasks also split the key range
+// (key_splits, fixed by the shape alone) and merge the partial results by log-sum-exp.
 template <typename T>
-struct TaskContext {
+struct Plan {
   const SdpaParams* p;
-  int64_t kt_ld;      // padded key block width
-  int64_t block_k;    // keys per block
+  int64_t group;       // query heads per kv head
+  int64_t block_q;     // query rows per head per task
+  int64_t q_blocks;    // ceil(len_q / block_q)
+  int64_t tasks;       // batch * num_heads_kv * q_blocks
+  int64_t max_rows;    // group * block_q
+  int64_t block_k;     // keys per block (a multiple of kColTile)
+  int64_t key_splits;  // 1, or the number of key ranges merged by log-sum-exp
+  int64_t split_len;   // keys per split: a multiple of block_k
+  T* partial;          // key_splits > 1: per (task, split, row): Ev accumulators, m, l
 };
 
-// One task: rows [i0, i0 + nrows) of query head h in batch entry b (flat index).
+constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
+
+// Rows [r0, r1) of the task against keys [kb, kb + n) (K^T already packed in sc.kt).
 template <typename T>
-void attend_rows(const TaskContext<T>& ctx, Scratch<T>& sc, int64_t b, int64_t h, int64_t i0,
-                 int64_t nrows) {
-  const SdpaParams& p = *ctx.p;
+void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, int64_t kb,
+                  int64_t n, const T* v_block) {
+  using Tr = SdpaTraits<T>;
+  using V = typename VecOf<T>::type;
+  constexpr int L = Tr::kLanes;
+  constexpr T kNegInf = -T(__builtin_inf());
+  const SdpaParams& p = *plan.p;
+  const int64_t E = p.head_dim, Ev = p.head_dim_v;
+  const int64_t kt_ld = plan.block_k;
+  const int64_t ncols = round_up(n, Tr::kColTile);
+  const int64_t nrows = r1 - r0;
+  const bool softcap = p.softcap > 0;
+  const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
+
+  scores_tile(sc.q + r0 * E, E, sc.kt, kt_ld, sc.s, nrows, ncols);
+
+  // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum,
+  // all in whole vectors over the padded width ncols (padding is masked out).
+  for (int64_t r = 0; r < nrows; ++r) {
+    const RowRef<T>& row = sc.rows[r0 + r];
+    T* s = sc.s + r * kt_ld;
+    const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
+    if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
+      for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
+      sc.zeros[r] = n;
+      continue;
+    }
+    if (softcap) {
+      for (int64_t j = 0; j < ncols; j += L)
+        vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
+    }
+    if (row.fmask) {
+      const int64_t cs = p.float_mask.col_stride;
+      const T* fm = row.fmask + kb * cs;
+      for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
+    }
+    if (row.bmask) {
+      const int64_t cs = p.bool_mask.col_stride;
+      const uint8_t* bm = row.bmask + kb * cs;
+      for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
+    }
+    for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
+    for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
+    V vmax = V{} + kNegInf;
+    for (int64_t j = 0; j < ncols; j += L) {
+      const V x = vload(s + j);
+      vmax = (x > vmax) | (x != x) ? x : vmax;  // NaN propagates to the output
+    }
+    T mx = kNegInf;
+    for (int lane = 0; lane < L; ++lane) {
+      const T x = vmax[lane];
+      mx = (x > mx || x != x) ? x : mx;
+    }
+    if (row.weights) std::memcpy(row.weights + kb, s, size_t(n) * sizeof(T));
+    const T m_old = sc.m[r0 + r];
+    const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
+    if (m_new == kNegInf) {  // everything so far masked
+      for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
+      sc.zeros[r] = n;
+      continue;
+    }
+    V vsum = V{}, vzeros = V{};
+    for (int64_t j = 0; j < ncols; j += L) {
+      const V e = exp_approx_vec<T>(vload(s + j) - m_new);
+      vstore(s + j, e);
+      vsum += e;
+      vzeros += e == T(0) ? V{} + T(1) : V{};
+    }
+    T sum = 0, zeros = 0;
+    for (int lane = 0; lane < L; ++lane) {
+      sum += vsum[lane];
+      zeros += vzeros[lane];
+    }
+    sc.zeros[r] = int64_t(zeros) - (ncols - n);  // the padding is always zero
+    // Rescale only when the max grew (alpha == 1 otherwise); e^-inf = 0 on first use.
+    if (m_new != m_old) {
+      const T alpha = exp_approx(m_old - m_new);
+      T* a = sc.acc + (r0 + r) * Ev;
+      for (int64_t c = 0; c < Ev; ++c) a[c] *= alpha;
+      sc.l[r0 + r] *= alpha;
+    }
+    sc.l[r0 + r] += sum;
+    sc.m[r0 + r] = m_new;
+  }
+
+  // acc += P V, register-tiled where a whole row tile has no zero probabilities.
+  T* acc = sc.acc + r0 * Ev;
+  int64_t r = 0;
+  for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
+    bool dense = true;
+    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.zeros[r + rr] == 0;
+    if (dense) {
+      pv_tile(sc.s + r * kt_ld, kt_ld, n, v_block, p.v.row_stride, Ev, acc + r * Ev, Ev);
+    } else {
+      for (int rr = 0; rr < Tr::kRowTile; ++rr)
+        pv_row(sc.s + (r + rr) * kt_ld, n, v_block, p.v.row_stride, Ev, acc + (r + rr) * Ev);
+    }
+  }
+  for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, v_block, p.v.row_stride, Ev, acc + r * Ev);
+}
+
+// Masked scores -> weights, e^(s - lse); a row that saw nothing (lse = -inf) gets zeros.
+template <typename T>
+inline void finish_weights(T* w, int64_t len, T lse) {
+  if (lse == -T(__builtin_inf())) {
+    for (int64_t j = 0; j < len; ++j) w[j] = T(0);
+  } else {
+    for (int64_t j = 0; j < len; ++j) w[j] = exp_approx(w[j] - lse);
+  }
+}
+
+// One work item: task t (batch entry, kv head, query block) over the keys of split `split`.
+template <typename T>
+void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) {
+  const SdpaParams& p = *plan.p;
   using Tr = SdpaTraits<T>;
   constexpr T kNegInf = -T(__builtin_inf());
   const int64_t E = p.head_dim, Ev = p.head_dim_v, Lk = p.len_k;
-  const int64_t kt_ld = ctx.kt_ld;
+  const int64_t kt_ld = plan.block_k;
+
+  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
+  const int64_t bk = t / plan.q_blocks;                       // batch * num_heads_kv + hk
+  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
+  const int64_t i0 = qb * plan.block_q;
+  const int64_t nq = imin(plan.block_q, p.len_q - i0);
+  const int64_t nrows = plan.group * nq;
+  const int64_t key_begin = split * plan.split_len;
+  const int64_t key_end = imin(Lk, key_begin + plan.split_len);
 
   int64_t coord[kMaxBatchDims];
   for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
     coord[d] = rest % p.batch_shape[d];
     rest /= p.batch_shape[d];
   }
-  const int64_t hk = h / (p.num_heads_q / p.num_heads_kv);
   const int64_t bn = p.batch_ndim;
-  const T* q = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn) +
-               h * p.q.head_stride;
   const T* k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
                hk * p.k.head_stride;
   const T* v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
                hk * p.v.head_stride;
-  T* out = static_cast<T*>(const_cast<void*>(p.out.data)) +
-           batch_offset(p.out.batch_stride, coord, bn) + h * p.out.head_stride;
-  const uint8_t* bmask = nullptr;
-  if (p.bool_mask.data)
-    bmask = static_cast<const uint8_t*>(p.bool_mask.data) +
-            batch_offset(p.bool_mask.batch_stride, coord, bn) + h * p.bool_mask.head_stride;
-  const T* fmask = nullptr;
-  if (p.float_mask.data)
-    fmask = static_cast<const T*>(p.float_mask.data) +
-            batch_offset(p.float_mask.batch_stride, coord, bn) + h * p.float_mask.head_stride;
-  const int64_t* vlens = nullptr;
-  if (p.valid_lens.data)
-    vlens = static_cast<const int64_t*>(p.valid_lens.data) +
-            batch_offset(p.valid_lens.batch_stride, coord, bn) + h * p.valid_lens.head_stride;
-  const int64_t row0 = (b * p.num_heads_q + h) * p.len_q;  // flat row index for lse/weights
-  T* lse = p.lse ? static_cast<T*>(p.lse) + row0 : nullptr;
-  T* weights = p.weights ? static_cast<T*>(p.weights) + row0 * Lk : nullptr;
+  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
+             batch_offset(p.out.batch_stride, coord, bn);
+  const uint8_t* bmask_b =
+      p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
+                             batch_offset(p.bool_mask.batch_stride, coord, bn)
+                       : nullptr;
+  const T* fmask_b = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) +
+                                             batch_offset(p.float_mask.batch_stride, coord, bn)
+                                       : nullptr;
+  const int64_t* vlens_b =
+      p.valid_lens.data ? static_cast<const int64_t*>(p.valid_lens.data) +
+                              batch_offset(p.valid_lens.batch_stride, coord, bn)
+                        : nullptr;
 
-  // Visible key ranges; the task visits the union [klo, khi).
-  int64_t klo = Lk, khi = 0;
+  // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
+  int64_t klo = key_end, khi = key_begin;
+  const T scale = T(p.scale);
   for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = i0 + r;
-    const int64_t vl = vlens ? vlens[i * p.valid_lens.row_stride] : Lk;
-    row_key_range(p, i, vl, &sc.lo[r], &sc.hi[r]);
-    if (sc.lo[r] < sc.hi[r]) {
-      klo = imin(klo, sc.lo[r]);
-      khi = imax(khi, sc.hi[r]);
+    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
+    RowRef<T>& row = sc.rows[r];
+    row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
+    row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
+    row.bmask = bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride
+                        : nullptr;
+    row.fmask = fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride
+                        : nullptr;
+    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
+    row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
+    row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * Lk : nullptr;
+    const int64_t vl =
+        vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : Lk;
+    int64_t lo, hi;
+    row_key_range(p, i, vl, &lo, &hi);
+    row.lo = imax(lo, key_begin);
+    row.hi = imax(imin(hi, key_end), row.lo);
+    if (row.lo < row.hi) {
+      klo = imin(klo, row.lo);
+      khi = imax(khi, row.hi);
     }
     sc.m[r] = kNegInf;
     sc.l[r] = T(0);
+    for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
+    // Weights hold the masked scores (-inf = not attended) until the final lse is known.
+    if (row.weights)
+      for (int64_t j = key_begin; j < key_end; ++j) row.weights[j] = kNegInf;
   }
   std::memset(sc.acc, 0, size_t(nrows * Ev) * sizeof(T));
-  if (weights) std::memset(weights + i0 * Lk, 0, size_t(nrows * Lk) * sizeof(T));
 
-  if (klo < khi) {
-    const T scale = T(p.scale);
-    for (int64_t r = 0; r < nrows; ++r) {
-      const T* qr = q + (i0 + r) * p.q.row_stride;
-      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * qr[e];
-    }
-  }
-  using V = typename VecOf<T>::type;
-  constexpr int L = Tr::kLanes;
-  const bool softcap = p.softcap > 0;
-  const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
-
-  for (int64_t kb = klo; kb < khi; kb += ctx.block_k) {
-    const int64_t n = imin(ctx.block_k, khi - kb);
+  // Key blocks at multiples of block_k (see Plan).
+  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
+    const int64_t n = imin(plan.block_k, khi - kb);
     const int64_t ncols = round_up(n, Tr::kColTile);
-    // Pack K^T for this block, zero-padded to a whole number of column tiles.
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = k + (kb + j) * p.k.row_stride;
-      for (int64_t e = 0; e < E; ++e) sc.kt[e * kt_ld + j] = kr[e];
+    bool packed = false;
+    for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
+      const int64_t r1 = imin(nrows, r0 + kSubRows);
+      bool any = false;
+      for (int64_t r = r0; r < r1 && !any; ++r)
+        any = sc.rows[r].lo < kb + n && sc.rows[r].hi > kb && sc.rows[r].lo < sc.rows[r].hi;
+      if (!any) continue;  // no row of this sub-block sees this key block
+      if (!packed) {  // K^T for this block, zero-padded to a whole number of column tiles
+        for (int64_t j = 0; j < n; ++j) {
+          const T* kr = k + (kb + j) * p.k.row_stride;
+          for (int64_t e = 0; e < E; ++e) sc.kt[e * kt_ld + j] = kr[e];
+        }
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t j = n; j < ncols; ++j) sc.kt[e * kt_ld + j] = T(0);
+        packed = true;
+      }
+      attend_block(plan, sc, r0, r1, kb, n, v + kb * p.v.row_stride);
     }
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t j = n; j < ncols; ++j) sc.kt[e * kt_ld + j] = T(0);
-
-    scores_tile(sc.q, E, sc.kt, kt_ld, sc.s, nrows, ncols);
-
-    // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum,
-    // all in whole vectors over the padded width ncols (padding is masked out).
-    for (int64_t r = 0; r < nrows; ++r) {
-      T* s = sc.s + r * kt_ld;
-      const int64_t i = i0 + r;
-      const int64_t jlo = imax(sc.lo[r] - kb, 0), jhi = imin(sc.hi[r] - kb, n);
-      if (jlo >= jhi) {  // this row sees nothing in this block
-        for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-        if (weights)
-          for (int64_t j = 0; j < n; ++j) weights[i * Lk + kb + j] = kNegInf;
-        sc.zeros[r] = n;
-        continue;
-      }
-      if (softcap) {
-        for (int64_t j = 0; j < ncols; j += L)
-          vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
-      }
-      if (fmask) {
-        const T* fm = fmask + i * p.float_mask.row_stride + kb * p.float_mask.col_stride;
-        const int64_t cs = p.float_mask.col_stride;
-        for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
-      }
-      if (bmask) {
-        const uint8_t* bm = bmask + i * p.bool_mask.row_stride + kb * p.bool_mask.col_stride;
-        const int64_t cs = p.bool_mask.col_stride;
-        for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
-      }
-      for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
-      for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
-      V vmax = V{} + kNegInf;
-      for (int64_t j = 0; j < ncols; j += L) {
-        const V x = vload(s + j);
-        vmax = (x > vmax) | (x != x) ? x : vmax;  // NaN propagates to the output
-      }
-      T mx = kNegInf;
-      for (int lane = 0; lane < L; ++lane) {
-        const T x = vmax[lane];
-        mx = (x > mx || x != x) ? x : mx;
-      }
-      if (weights) std::memcpy(weights + i * Lk + kb, s, size_t(n) * sizeof(T));
-      const T m_old = sc.m[r];
-      const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
-      if (m_new == kNegInf) {  // everything so far masked
-        for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-        sc.zeros[r] = n;
-        continue;
-      }
-      V vsum = V{}, vzeros = V{};
-      for (int64_t j = 0; j < ncols; j += L) {
-        const V e = exp_approx_vec<T>(vload(s + j) - m_new);
-        vstore(s + j, e);
-        vsum += e;
-        vzeros += e == T(0) ? V{} + T(1) : V{};
-      }
-      T sum = 0, zeros = 0;
-      for (int lane = 0; lane < L; ++lane) {
-        sum += vsum[lane];
-        zeros += vzeros[lane];
-      }
-      sc.zeros[r] = int64_t(zeros) - (ncols - n);  // the padding is always zero
-      // Rescale only when the max grew (alpha == 1 otherwise); e^-inf = 0 on first use.
-      if (m_new != m_old) {
-        const T alpha = exp_approx(m_old - m_new);
-        T* a = sc.acc + r * Ev;
-        for (int64_t c = 0; c < Ev; ++c) a[c] *= alpha;
-        sc.l[r] *= alpha;
-      }
-      sc.l[r] += sum;
-      sc.m[r] = m_new;
-    }
-
-    // acc += P V, register-tiled where a whole row tile has no zero probabilities.
-    const T* vb = v + kb * p.v.row_stride;
-    int64_t r = 0;
-    for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
-      bool dense = true;
-      for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.zeros[r + rr] == 0;
-      if (dense) {
-        pv_tile(sc.s + r * kt_ld, kt_ld, n, vb, p.v.row_stride, Ev, sc.acc + r * Ev, Ev);
-      } else {
-        for (int rr = 0; rr < Tr::kRowTile; ++rr)
-          pv_row(sc.s + (r + rr) * kt_ld, n, vb, p.v.row_stride, Ev, sc.acc + (r + rr) * Ev);
-      }
-    }
-    for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, sc.acc + r * Ev);
   }
 
+  if (plan.key_splits > 1) {  // hand the partial state to the merge
+    T* part = plan.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
+    for (int64_t r = 0; r < nrows; ++r) {
+      T* dst = part + r * (Ev + 2);
+      std::memcpy(dst, sc.acc + r * Ev, size_t(Ev) * sizeof(T));
+      dst[Ev] = sc.m[r];
+      dst[Ev + 1] = sc.l[r];
+    }
+    return;
+  }
   // Normalise once; a row that saw no key gets output 0 and lse -inf.
   for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = i0 + r;
-    T* o = out + i * p.out.row_stride;
+    const RowRef<T>& row = sc.rows[r];
     const T m = sc.m[r];
     const bool empty = (m == kNegInf);
     const T inv = empty ? T(0) : T(1) / sc.l[r];
     const T* a = sc.acc + r * Ev;
-    for (int64_t c = 0; c < Ev; ++c) o[c] = empty ? T(0) : a[c] * inv;
+    for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
     const T row_lse = empty ? kNegInf : m + T(__builtin_log(double(sc.l[r])));
-    if (lse) lse[i] = row_lse;
-    if (weights && klo < khi) {
-      T* w = weights + i * Lk;
-      if (empty) {
-        for (int64_t j = klo; j < khi; ++j) w[j] = T(0);
-      } else {
-        for (int64_t j = klo; j < khi; ++j) w[j] = exp_approx(w[j] - row_lse);
-      }
-    }
+    if (row.lse) *row.lse = row_lse;
+    if (row.weights) finish_weights(row.weights, Lk, row_lse);
   }
 }
 
-// Returns false if a thread's scratch could not be allocated (the caller raises).
+// Merge the key splits of task t in split order (fixed, so results do not depend on
+// which thread ran which split) and write the normalised output and lse.
+template <typename T>
+void merge_splits(const Plan<T>& plan, int64_t t) {
+  const SdpaParams& p = *plan.p;
+  constexpr T kNegInf = -T(__builtin_inf());
+  const int64_t Ev = p.head_dim_v;
+  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;
+  const int64_t bk = t / plan.q_blocks;
+  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
+  const int64_t i0 = qb * plan.block_q;
+  const int64_t nq = imin(plan.block_q, p.len_q - i0);
+  int64_t coord[kMaxBatchDims];
+  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
+    coord[d] = rest % p.batch_shape[d];
+    rest /= p.batch_shape[d];
+  }
+  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
+             batch_offset(p.out.batch_stride, coord, p.batch_ndim);
+  const T* part = plan.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
+  const int64_t split_stride = plan.max_rows * (Ev + 2);
+  for (int64_t r = 0; r < plan.group * nq; ++r) {
+    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
+    T* out = out_b + h * p.out.head_stride + i * p.out.row_stride;
+    T m = kNegInf;
+    for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
+      const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
+      m = (ms > m || ms != ms) ? ms : m;
+    }
+    for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
+    T l = 0;
+    if (m != kNegInf) {
+      for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
+        const T* src = part + sp * split_stride + r * (Ev + 2);
+        if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
+        const T w = exp_approx(src[Ev] - m);
+        l += w * src[Ev + 1];
+        for (int64_t c = 0; c < Ev; ++c) out[c] += w * src[c];
+      }
+      const T inv = T(1) / l;
+      for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
+    }
+    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
+    const T row_lse = m == kNegInf ? kNegInf : m + T(__builtin_log(double(l)));
+    if (p.lse) static_cast<T*>(p.lse)[flat_row] = row_lse;
+    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, row_lse);
+  }
+}
+
+// Returns false if scratch could not be allocated (the caller raises).
 template <typename T>
 bool sdpa_forward(const SdpaParams& p) {
-  using Tr = SdpaTraits<T>;
   int64_t batch = 1;
   for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
-  const int64_t block_q = imin(Tr::kBlockQ, p.len_q);
-  const int64_t q_blocks = (p.len_q + block_q - 1) / block_q;
-  const int64_t tasks = batch * p.num_heads_q * q_blocks;
-  TaskContext<T> ctx;
-  ctx.p = &p;
-  ctx.block_k = key_block_size<T>(imax(p.head_dim, 1));
-  ctx.kt_ld = ctx.block_k;  // a multiple of kColTile already
+
+  Plan<T> plan;
+  plan.p = &p;
+  plan.group = p.num_heads_q / p.num_heads_kv;
+  plan.block_k = key_block_size<T>(imax(p.head_dim, 1));
+  // About 256 rows per task, fewer when that leaves threads idle (see Plan).
+  plan.block_q = imax(1, imin(p.len_q, 256 / plan.group));
+  const int64_t heads = batch * p.num_heads_kv;
+  const int64_t shape_tasks = heads * ((p.len_q + plan.block_q - 1) / plan.block_q);
+  while (plan.block_q > 16 &&
+         heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
+    plan.block_q /= 2;
+  plan.q_blocks = (p.len_q + plan.block_q - 1) / plan.block_q;
+  plan.tasks = heads * plan.q_blocks;
+  plan.max_rows = plan.group * plan.block_q;
+  // Few tasks over long key ranges (decoding): split the keys. Fixed by the shape alone.
+  plan.key_splits = 1;
+  plan.split_len = imax(p.len_k, 1);
+  constexpr int64_t kTargetItems = 32;
+  if (shape_tasks < kTargetItems) {
+    const int64_t want = (kTargetItems + shape_tasks - 1) / shape_tasks;
+    const int64_t most = p.len_k / (4 * plan.block_k);  // at least 4 blocks per split
+    const int64_t splits = imin(want, most);
+    if (splits > 1) {
+      plan.split_len = round_up((p.len_k + splits - 1) / splits, plan.block_k);
+      plan.key_splits = (p.len_k + plan.split_len - 1) / plan.split_len;
+    }
+  }
+  plan.partial = nullptr;
+  if (plan.key_splits > 1) {
+    const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.head_dim_v + 2);
+    plan.partial = static_cast<T*>(
+        std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
+    if (!plan.partial) return false;
+  }
+
+  const int64_t items = plan.tasks * plan.key_splits;
   bool failed = false;
-  const int threads = int(imax(1, imin(p.num_threads, tasks)));
+  const int threads = int(imax(1, imin(p.num_threads, items)));
 #pragma omp parallel num_threads(threads)
   {
     Scratch<T> sc;
-    const bool ok = sc.allocate(block_q, imax(p.head_dim, 1), p.head_dim_v, ctx.kt_ld);
+    const bool ok = sc.allocate(plan.max_rows, imin(kSubRows, plan.max_rows),
+                                imax(p.head_dim, 1), p.head_dim_v, plan.block_k);
     if (!ok) {
 #pragma omp atomic write
       failed = true;
     }
-    // Later query blocks carry more keys under a causal mask: hand them out first.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      if (!ok) continue;
-      const int64_t qb = q_blocks - 1 - t % q_blocks;
-      const int64_t bh = t / q_blocks;
-      const int64_t i0 = qb * block_q;
-      attend_rows<T>(ctx, sc, bh / p.num_heads_q, bh % p.num_heads_q, i0,
-                     imin(block_q, p.len_q - i0));
+    for (int64_t item = 0; item < items; ++item) {
+      if (ok) attend_task(plan, sc, item / plan.key_splits, item % plan.key_splits);
+    }
+    if (plan.key_splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < plan.tasks; ++t) {
+        if (!failed) merge_splits(plan, t);
+      }
     }
   }
+  std::free(plan.partial);
   return !failed;
 }
 
