@@ -98,7 +98,8 @@ struct RowRef {
 template <typename T>
 struct Scratch {
   T* q = nullptr;      // max_rows x head_dim, pre-scaled
-  T* kt = nullptr;     // head_dim x kt_ld, the key block transposed, zero-padded
+  T* kt = nullptr;     // the key block as K^T panels (see pack_keys), zero-padded
+  T* vp = nullptr;     // the value block as panels (see pack_values)
   T* s = nullptr;      // kSubRows x kt_ld, scores then probabilities
   T* acc = nullptr;    // max_rows x head_dim_v, unnormalised output
   T* m = nullptr;      // max_rows running row max
@@ -110,17 +111,18 @@ struct Scratch {
   bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
                 int64_t kt_ld) {
     const int64_t t = int64_t(sizeof(T));
-    const int64_t sizes[8] = {max_rows * head_dim * t,      head_dim * kt_ld * t,
+    const int64_t sizes[9] = {max_rows * head_dim * t,      head_dim * kt_ld * t,
                               sub_rows * kt_ld * t,         max_rows * imax(head_dim_v, 1) * t,
                               max_rows * t,                 max_rows * t,
-                              sub_rows * 8,                 max_rows * int64_t(sizeof(RowRef<T>))};
+                              sub_rows * 8,                 max_rows * int64_t(sizeof(RowRef<T>)),
+                              head_dim_v * kt_ld * t};
     int64_t total = 0;
     for (int64_t b : sizes) total += round_up(b, 64);
     raw = std::aligned_alloc(64, size_t(total));
     if (!raw) return false;
     char* c = static_cast<char*>(raw);
-    void* parts[8];
-    for (int i = 0; i < 8; ++i) {
+    void* parts[9];
+    for (int i = 0; i < 9; ++i) {
       parts[i] = c;
       c += round_up(sizes[i], 64);
     }
@@ -132,25 +134,56 @@ struct Scratch {
     l = static_cast<T*>(parts[5]);
     zeros = static_cast<int64_t*>(parts[6]);
     rows = static_cast<RowRef<T>*>(parts[7]);
+    vp = static_cast<T*>(parts[8]);
     return true;
   }
   ~Scratch() { std::free(raw); }
 };
 
-// s[r, 0:ncols) = q[r, :] . kt[:, 0:ncols) for r < nrows; ncols is a multiple of kColTile
-// (kt is zero-padded), so the register tile needs no column tail.
+// Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
+// head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
 template <typename T>
-inline void scores_tile(const T* q, int64_t head_dim, const T* kt, int64_t kt_ld, T* s,
+inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
+                      T* kt) {
+  constexpr int CT = SdpaTraits<T>::kColTile;
+  for (int64_t j = 0; j < ncols; ++j) {
+    T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
+    if (j < n) {
+      const T* kr = k + j * row_stride;
+      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
+    } else {
+      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
+    }
+  }
+}
+
+// Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns,
+// whole chunks only) is a contiguous n x kColTile block for the P V micro-kernel.
+template <typename T>
+inline void pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                        int64_t panel_rows, T* vp) {
+  constexpr int CT = SdpaTraits<T>::kColTile;
+  for (int64_t c = 0; c + CT <= head_dim_v; c += CT) {
+    T* dst = vp + (c / CT) * panel_rows * CT;
+    for (int64_t j = 0; j < n; ++j) std::memcpy(dst + j * CT, v + j * row_stride + c, sizeof(T) * CT);
+  }
+}
+
+// s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
+// ncols is a multiple of kColTile, so the register tile needs no column tail.
+template <typename T>
+inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
                         int64_t nrows, int64_t ncols) {
   using V = typename VecOf<T>::type;
   using Tr = SdpaTraits<T>;
-  constexpr int RT = Tr::kRowTile, L = Tr::kLanes;
+  constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
   int64_t r = 0;
   for (; r + RT <= nrows; r += RT) {
-    for (int64_t c = 0; c < ncols; c += Tr::kColTile) {
+    for (int64_t c = 0; c < ncols; c += CT) {
+      const T* panel = kt + (c / CT) * head_dim * CT;
       V acc[RT][2] = {};
       for (int64_t e = 0; e < head_dim; ++e) {
-        const V k0 = vload(kt + e * kt_ld + c), k1 = vload(kt + e * kt_ld + c + L);
+        const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
         for (int rr = 0; rr < RT; ++rr) {
           const T qv = q[(r + rr) * head_dim + e];
           acc[rr][0] += qv * k0;
@@ -158,21 +191,22 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, int64_t kt_ld
         }
       }
       for (int rr = 0; rr < RT; ++rr) {
-        vstore(s + (r + rr) * kt_ld + c, acc[rr][0]);
-        vstore(s + (r + rr) * kt_ld + c + L, acc[rr][1]);
+        vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
+        vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
       }
     }
   }
   for (; r < nrows; ++r) {
-    for (int64_t c = 0; c < ncols; c += Tr::kColTile) {
+    for (int64_t c = 0; c < ncols; c += CT) {
+      const T* panel = kt + (c / CT) * head_dim * CT;
       V a0 = {}, a1 = {};
       for (int64_t e = 0; e < head_dim; ++e) {
         const T qv = q[r * head_dim + e];
-        a0 += qv * vload(kt + e * kt_ld + c);
-        a1 += qv * vload(kt + e * kt_ld + c + L);
+        a0 += qv * vload(panel + e * CT);
+        a1 += qv * vload(panel + e * CT + L);
       }
-      vstore(s + r * kt_ld + c, a0);
-      vstore(s + r * kt_ld + c + L, a1);
+      vstore(s + r * s_ld + c, a0);
+      vstore(s + r * s_ld + c + L, a1);
     }
   }
 }
@@ -194,22 +228,24 @@ inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int6
   }
 }
 
-// The same for kRowTile rows at once, all of whose probabilities in [0, n) are nonzero.
+// The same for kRowTile rows at once, all of whose probabilities in [0, n) are nonzero:
+// whole column chunks from the value panels (pack_values), the column tail from v.
 template <typename T>
-inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_row_stride,
-                    int64_t dv, T* acc, int64_t acc_ld) {
+inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
+                    const T* v, int64_t v_row_stride, int64_t dv, T* acc, int64_t acc_ld) {
   using V = typename VecOf<T>::type;
   using Tr = SdpaTraits<T>;
-  constexpr int RT = Tr::kRowTile, L = Tr::kLanes;
+  constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
   int64_t c = 0;
-  for (; c + 2 * L <= dv; c += 2 * L) {
+  for (; c + CT <= dv; c += CT) {
+    const T* panel = vp + (c / CT) * panel_rows * CT;
     V a[RT][2];
     for (int rr = 0; rr < RT; ++rr) {
       a[rr][0] = vload(acc + rr * acc_ld + c);
       a[rr][1] = vload(acc + rr * acc_ld + c + L);
     }
     for (int64_t j = 0; j < n; ++j) {
-      const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
+      const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
       for (int rr = 0; rr < RT; ++rr) {
         const T pj = p[rr * p_ld + j];
         a[rr][0] += pj * v0;
@@ -256,7 +292,7 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 // Rows [r0, r1) of the task against keys [kb, kb + n) (K^T already packed in sc.kt).
 template <typename T>
 void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, int64_t kb,
-                  int64_t n, const T* v_block) {
+                  int64_t n, const T* v_block, bool* v_packed) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
@@ -269,7 +305,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   const bool softcap = p.softcap > 0;
   const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
 
-  scores_tile(sc.q + r0 * E, E, sc.kt, kt_ld, sc.s, nrows, ncols);
+  scores_tile(sc.q + r0 * E, E, sc.kt, sc.s, kt_ld, nrows, ncols);
 
   // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum,
   // all in whole vectors over the padded width ncols (padding is masked out).
@@ -347,7 +383,12 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     bool dense = true;
     for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.zeros[r + rr] == 0;
     if (dense) {
-      pv_tile(sc.s + r * kt_ld, kt_ld, n, v_block, p.v.row_stride, Ev, acc + r * Ev, Ev);
+      if (!*v_packed) {
+        pack_values(v_block, p.v.row_stride, n, Ev, kt_ld, sc.vp);
+        *v_packed = true;
+      }
+      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp, kt_ld, v_block, p.v.row_stride, Ev,
+              acc + r * Ev, Ev);
     } else {
       for (int rr = 0; rr < Tr::kRowTile; ++rr)
         pv_row(sc.s + (r + rr) * kt_ld, n, v_block, p.v.row_stride, Ev, acc + (r + rr) * Ev);
@@ -447,23 +488,18 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
     const int64_t n = imin(plan.block_k, khi - kb);
     const int64_t ncols = round_up(n, Tr::kColTile);
-    bool packed = false;
+    bool packed = false, v_packed = false;
     for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
       const int64_t r1 = imin(nrows, r0 + kSubRows);
       bool any = false;
       for (int64_t r = r0; r < r1 && !any; ++r)
         any = sc.rows[r].lo < kb + n && sc.rows[r].hi > kb && sc.rows[r].lo < sc.rows[r].hi;
       if (!any) continue;  // no row of this sub-block sees this key block
-      if (!packed) {  // K^T for this block, zero-padded to a whole number of column tiles
-        for (int64_t j = 0; j < n; ++j) {
-          const T* kr = k + (kb + j) * p.k.row_stride;
-          for (int64_t e = 0; e < E; ++e) sc.kt[e * kt_ld + j] = kr[e];
-        }
-        for (int64_t e = 0; e < E; ++e)
-          for (int64_t j = n; j < ncols; ++j) sc.kt[e * kt_ld + j] = T(0);
+      if (!packed) {
+        pack_keys(k + kb * p.k.row_stride, p.k.row_stride, n, ncols, E, sc.kt);
         packed = true;
       }
-      attend_block(plan, sc, r0, r1, kb, n, v + kb * p.v.row_stride);
+      attend_block(plan, sc, r0, r1, kb, n, v + kb * p.v.row_stride, &v_packed);
     }
   }
 
