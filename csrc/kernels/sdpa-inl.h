@@ -41,6 +41,9 @@ struct SdpaTraits {
   static constexpr int64_t kKtBytes = 32 * 1024;  // packed K^T block: about L1-sized
 };
 
+constexpr double kLog2e = 1.4426950408889634074;
+constexpr double kLn2 = 0.69314718055994530942;
+
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
@@ -302,13 +305,16 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   const int64_t kt_ld = plan.block_k;
   const int64_t ncols = round_up(n, Tr::kColTile);
   const int64_t nrows = r1 - r0;
+  // Scores carry log2(e) (folded into q), so the softmax uses exp2; softcap and float
+  // masks are converted to the same units.
   const bool softcap = p.softcap > 0;
-  const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
+  const T cap = T(p.softcap * kLog2e), inv_cap = T(1.0 / (softcap ? p.softcap * kLog2e : 1.0));
+  const T mask_unit = T(kLog2e);
 
   scores_tile(sc.q + r0 * E, E, sc.kt, sc.s, kt_ld, nrows, ncols);
 
-  // Epilogue per row: softcap, masks, visible range, row max; then exp and row sum,
-  // all in whole vectors over the padded width ncols (padding is masked out).
+  // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
+  // of exp2 and row sum. All in whole vectors over the padded width ncols.
   for (int64_t r = 0; r < nrows; ++r) {
     const RowRef<T>& row = sc.rows[r0 + r];
     T* s = sc.s + r * kt_ld;
@@ -325,7 +331,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     if (row.fmask) {
       const int64_t cs = p.float_mask.col_stride;
       const T* fm = row.fmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
+      for (int64_t j = jlo; j < jhi; ++j) s[j] += mask_unit * fm[j * cs];
     }
     if (row.bmask) {
       const int64_t cs = p.bool_mask.col_stride;
@@ -334,17 +340,19 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     }
     for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
     for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
+    if (row.weights) std::memcpy(row.weights + kb, s, size_t(n) * sizeof(T));
+
+    // Row max; NaN is left to the exp2 pass to propagate, except in a row whose other
+    // scores are all masked, which must give NaN rather than "nothing attended".
     V vmax = V{} + kNegInf;
     for (int64_t j = 0; j < ncols; j += L) {
       const V x = vload(s + j);
-      vmax = (x > vmax) | (x != x) ? x : vmax;  // NaN propagates to the output
+      vmax = x > vmax ? x : vmax;
     }
     T mx = kNegInf;
-    for (int lane = 0; lane < L; ++lane) {
-      const T x = vmax[lane];
-      mx = (x > mx || x != x) ? x : mx;
-    }
-    if (row.weights) std::memcpy(row.weights + kb, s, size_t(n) * sizeof(T));
+    for (int lane = 0; lane < L; ++lane) mx = vmax[lane] > mx ? vmax[lane] : mx;
+    if (mx == kNegInf)
+      for (int64_t j = 0; j < n; ++j) mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
     const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
     if (m_new == kNegInf) {  // everything so far masked
@@ -354,7 +362,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     }
     V vsum = V{}, vzeros = V{};
     for (int64_t j = 0; j < ncols; j += L) {
-      const V e = exp_approx_vec<T>(vload(s + j) - m_new);
+      const V e = exp2_approx_vec<T>(vload(s + j) - m_new);
       vstore(s + j, e);
       vsum += e;
       vzeros += e == T(0) ? V{} + T(1) : V{};
@@ -365,9 +373,9 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
       zeros += vzeros[lane];
     }
     sc.zeros[r] = int64_t(zeros) - (ncols - n);  // the padding is always zero
-    // Rescale only when the max grew (alpha == 1 otherwise); e^-inf = 0 on first use.
+    // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
-      const T alpha = exp_approx(m_old - m_new);
+      const T alpha = exp2_approx(m_old - m_new);
       T* a = sc.acc + (r0 + r) * Ev;
       for (int64_t c = 0; c < Ev; ++c) a[c] *= alpha;
       sc.l[r0 + r] *= alpha;
@@ -397,14 +405,21 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, v_block, p.v.row_stride, Ev, acc + r * Ev);
 }
 
-// Masked scores -> weights, e^(s - lse); a row that saw nothing (lse = -inf) gets zeros.
+// Masked scores -> weights, 2^(s - lse2) (both in log2 units); a row that saw nothing
+// (lse2 = -inf) gets zeros.
 template <typename T>
-inline void finish_weights(T* w, int64_t len, T lse) {
-  if (lse == -T(__builtin_inf())) {
+inline void finish_weights(T* w, int64_t len, T lse2) {
+  if (lse2 == -T(__builtin_inf())) {
     for (int64_t j = 0; j < len; ++j) w[j] = T(0);
   } else {
-    for (int64_t j = 0; j < len; ++j) w[j] = exp_approx(w[j] - lse);
+    for (int64_t j = 0; j < len; ++j) w[j] = exp2_approx(w[j] - lse2);
   }
+}
+
+// Row state (m in log2 units, sum l) -> log-sum-exp in natural units, and in log2 units.
+template <typename T>
+inline T lse2_of(T m, T l) {
+  return m == -T(__builtin_inf()) ? m : m + T(__builtin_log2(double(l)));
 }
 
 // One work item: task t (batch entry, kv head, query block) over the keys of split `split`.
@@ -452,7 +467,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
 
   // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
   int64_t klo = key_end, khi = key_begin;
-  const T scale = T(p.scale);
+  const T scale = T(p.scale * kLog2e);  // scores in log2 units: the softmax uses exp2
   for (int64_t r = 0; r < nrows; ++r) {
     const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
     RowRef<T>& row = sc.rows[r];
@@ -521,9 +536,9 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     const T inv = empty ? T(0) : T(1) / sc.l[r];
     const T* a = sc.acc + r * Ev;
     for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
-    const T row_lse = empty ? kNegInf : m + T(__builtin_log(double(sc.l[r])));
-    if (row.lse) *row.lse = row_lse;
-    if (row.weights) finish_weights(row.weights, Lk, row_lse);
+    const T lse2 = lse2_of(m, sc.l[r]);
+    if (row.lse) *row.lse = lse2 * T(kLn2);
+    if (row.weights) finish_weights(row.weights, Lk, lse2);
   }
 }
 
@@ -562,7 +577,7 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
         const T* src = part + sp * split_stride + r * (Ev + 2);
         if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
-        const T w = exp_approx(src[Ev] - m);
+        const T w = exp2_approx(src[Ev] - m);
         l += w * src[Ev + 1];
         for (int64_t c = 0; c < Ev; ++c) out[c] += w * src[c];
       }
@@ -570,9 +585,9 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
       for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
     }
     const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    const T row_lse = m == kNegInf ? kNegInf : m + T(__builtin_log(double(l)));
-    if (p.lse) static_cast<T*>(p.lse)[flat_row] = row_lse;
-    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, row_lse);
+    const T lse2 = lse2_of(m, l);
+    if (p.lse) static_cast<T*>(p.lse)[flat_row] = lse2 * T(kLn2);
+    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, lse2);
   }
 }
 
