@@ -130,17 +130,19 @@ inline V exp_approx_vec(V x) {
 // 2^x for the softmax, whose scores carry log2(e) folded in: x = n + f, |f| <= 1/2.
 // float: a degree-6 polynomial interpolating 2^f at Chebyshev nodes (max relative error
 // 1.0e-7 evaluated in float, about 1 ulp); double: Taylor of e^(f ln2) to degree 13
-// (truncation 4e-18). Returns 0 below 2^kMin2 (so 2^-inf = 0) and NaN for NaN.
+// (truncation 4e-18). Returns 0 below 2^(kMin - 1/2) (so 2^-inf = 0), NaN for NaN.
 template <typename T>
 struct Exp2Traits;
 template <>
 struct Exp2Traits<float> {
   using Bits = int32_t;
+  using UBits = uint32_t;
   static constexpr float kMin = -126.0f, kMax = 127.0f;
 };
 template <>
 struct Exp2Traits<double> {
   using Bits = int64_t;
+  using UBits = uint64_t;
   static constexpr double kMin = -1022.0, kMax = 1023.0;
 };
 
@@ -179,17 +181,19 @@ template <typename T, typename V>
 inline V exp2_approx_vec(V x) {
   using Tr = Exp2Traits<T>;
   typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
-  const V lo = V{} + Tr::kMin, hi = V{} + Tr::kMax, zero = V{};
+  typedef typename Tr::UBits UBitsV __attribute__((vector_size(sizeof(V))));
+  // Clamp to [kMin - 1, kMax]: n = kMin - 1 gives a zero exponent field, so the result
+  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select. A NaN passes the
+  // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
+  const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
   V xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  xc = x != x ? zero : xc;
   const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
   const V poly = exp2_poly<T>(xc - n);
-  const BitsV e = (__builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
-                  << ExpTraits<T>::kMantissa;
-  const V result = poly * (V)e;
-  const V out = x != x ? x : result;
-  return x < lo ? zero : out;
+  // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
+  const UBitsV e = ((UBitsV)__builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
+                   << ExpTraits<T>::kMantissa;
+  return poly * (V)e;
 }
 
 // The same on one value (a one-lane vector), for per-row terms.

@@ -107,7 +107,7 @@ struct Scratch {
   T* acc = nullptr;    // max_rows x head_dim_v, unnormalised output
   T* m = nullptr;      // max_rows running row max
   T* l = nullptr;      // max_rows running row sum
-  int64_t* zeros = nullptr;  // kSubRows: probabilities exactly 0 in the current block
+  int64_t* excludes = nullptr;  // kSubRows: 1 if the row excludes keys of the current block
   RowRef<T>* rows = nullptr;  // max_rows
   void* raw = nullptr;
 
@@ -135,7 +135,7 @@ struct Scratch {
     acc = static_cast<T*>(parts[3]);
     m = static_cast<T*>(parts[4]);
     l = static_cast<T*>(parts[5]);
-    zeros = static_cast<int64_t*>(parts[6]);
+    excludes = static_cast<int64_t*>(parts[6]);
     rows = static_cast<RowRef<T>*>(parts[7]);
     vp = static_cast<T*>(parts[8]);
     return true;
@@ -321,22 +321,31 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
       for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-      sc.zeros[r] = n;
+      sc.excludes[r] = 1;
       continue;
     }
     if (softcap) {
       for (int64_t j = 0; j < ncols; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
+    // `masked`: some key of [0, n) is excluded for this row, so P V must skip its zero
+    // probabilities (the values of excluded keys may be garbage) rather than multiply.
+    bool masked = jlo > 0 || jhi < n;
     if (row.fmask) {
       const int64_t cs = p.float_mask.col_stride;
       const T* fm = row.fmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] += mask_unit * fm[j * cs];
+      for (int64_t j = jlo; j < jhi; ++j) {
+        masked = masked || fm[j * cs] == kNegInf;
+        s[j] += mask_unit * fm[j * cs];
+      }
     }
     if (row.bmask) {
       const int64_t cs = p.bool_mask.col_stride;
       const uint8_t* bm = row.bmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
+      for (int64_t j = jlo; j < jhi; ++j) {
+        masked = masked || !bm[j * cs];
+        s[j] = bm[j * cs] ? s[j] : kNegInf;
+      }
     }
     for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
     for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
@@ -357,22 +366,18 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
     if (m_new == kNegInf) {  // everything so far masked
       for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-      sc.zeros[r] = n;
+      sc.excludes[r] = 1;
       continue;
     }
-    V vsum = V{}, vzeros = V{};
+    V vsum = V{};
     for (int64_t j = 0; j < ncols; j += L) {
       const V e = exp2_approx_vec<T>(vload(s + j) - m_new);
       vstore(s + j, e);
       vsum += e;
-      vzeros += e == T(0) ? V{} + T(1) : V{};
     }
-    T sum = 0, zeros = 0;
-    for (int lane = 0; lane < L; ++lane) {
-      sum += vsum[lane];
-      zeros += vzeros[lane];
-    }
-    sc.zeros[r] = int64_t(zeros) - (ncols - n);  // the padding is always zero
+    T sum = 0;
+    for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
+    sc.excludes[r] = masked;
     // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
       const T alpha = exp2_approx(m_old - m_new);
@@ -384,12 +389,12 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     sc.m[r0 + r] = m_new;
   }
 
-  // acc += P V, register-tiled where a whole row tile has no zero probabilities.
+  // acc += P V, register-tiled where no row of the tile excludes a key of this block.
   T* acc = sc.acc + r0 * Ev;
   int64_t r = 0;
   for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
     bool dense = true;
-    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.zeros[r + rr] == 0;
+    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.excludes[r + rr] == 0;
     if (dense) {
       if (!*v_packed) {
         pack_values(v_block, p.v.row_stride, n, Ev, kt_ld, sc.vp);
