@@ -10,14 +10,19 @@ import os as _os
 
 from fastattn import _core, reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._config import show_config
+from fastattn._mha import KVCache, MultiHeadAttention
+from fastattn._plot import plot_attention
 from fastattn._sdpa import scaled_dot_product_attention
 from fastattn._threads import get_num_threads, set_num_threads
 
 __version__ = _core.version
 
 __all__ = [
+    "KVCache",
+    "MultiHeadAttention",
     "__version__",
     "get_num_threads",
+    "plot_attention",
     "scaled_dot_product_attention",
     "set_num_threads",
     "show_config",

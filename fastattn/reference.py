@@ -13,6 +13,14 @@ import operator
 import numpy as np
 
 from fastattn import _threads
+from fastattn._mha import (
+    average_heads,
+    check_unbatched_mask,
+    head_valid_lens,
+    layer_inputs,
+    projection_weights,
+    split_heads,
+)
 from fastattn._validate import (
     broadcast_valid_lens,
     check_flag,
@@ -22,7 +30,7 @@ from fastattn._validate import (
     sdpa_args,
 )
 
-__all__ = ["masked_softmax", "scaled_dot_product_attention"]
+__all__ = ["masked_softmax", "multi_head_attention", "scaled_dot_product_attention"]
 
 
 def _visible_keys(num_q: int, num_k: int, diag_offset: int, is_causal: bool,
@@ -187,3 +195,65 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None):
         np.copyto(out, weights)
         return out
     return weights
+
+
+def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_weight,
+                         v_weight, out_weight, q_bias=None, k_bias=None, v_bias=None,
+                         out_bias=None, attn_mask=None, valid_lens=None, is_causal=False,
+                         causal_alignment="top_left", need_weights=False,
+                         average_attn_weights=True):
+    """NumPy twin of :class:`fastattn.MultiHeadAttention`, as a function (float64 inside).
+
+    Projections ``x @ weight.T + bias``, heads split, :func:`scaled_dot_product_attention`
+    of this module, heads merged, output projection. Shapes and arguments as for the
+    layer (``key`` defaults to ``query``, ``value`` to ``key``; ``attn_mask`` and
+    ``valid_lens`` as in :meth:`fastattn.MultiHeadAttention.__call__`). Weights in
+    ``torch.nn.Linear`` layout: ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``,
+    ``v_weight (Hkv * D, vdim)``, ``out_weight (E, E)`` with ``D = E // num_heads``
+    (``Hkv < num_heads`` is grouped-query attention). ``causal_alignment="bottom_right"``
+    is what the layer does with a KV cache. The result has the inputs' and weights'
+    promoted dtype.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> eye = np.eye(4)
+    >>> x = np.arange(8.0).reshape(2, 4)
+    >>> reference.multi_head_attention(x, num_heads=2, q_weight=0 * eye, k_weight=0 * eye,
+    ...                                v_weight=eye, out_weight=eye)  # uniform weights
+    array([[2., 3., 4., 5.],
+           [2., 3., 4., 5.]])
+    """
+    num_kv, pairs = projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight,
+                                       q_bias, k_bias, v_bias, out_bias)
+    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = pairs
+    e = wq.shape[1]
+    q_in, k_in, v_in, batched = layer_inputs(query, key, value, e, wk.shape[1], wv.shape[1])
+    want_weights = check_flag(need_weights, "need_weights")
+    average = check_flag(average_attn_weights, "average_attn_weights")
+    check_unbatched_mask(attn_mask, batched)
+    b, num_q = q_in.shape[:2]
+    vl = head_valid_lens(valid_lens, b, num_q, batched)
+    result, _ = result_dtypes(q_in, k_in, v_in, *[a for pair in pairs for a in pair
+                                                  if a is not None])
+
+    def project(x, w, bias):
+        y = x.astype(np.float64) @ w.astype(np.float64).T
+        return y if bias is None else y + bias.astype(np.float64)
+
+    q = split_heads(project(q_in, wq, bq), num_heads)
+    k = split_heads(project(k_in, wk, bk), num_kv)
+    v = split_heads(project(v_in, wv, bv), num_kv)
+    attended = scaled_dot_product_attention(q, k, v, attn_mask, valid_lens=vl,
+                                            is_causal=is_causal,
+                                            causal_alignment=causal_alignment,
+                                            return_weights=want_weights)
+    heads, weights = attended if want_weights else (attended, None)
+    out = project(heads.swapaxes(1, 2).reshape(b, num_q, e), wo, bo).astype(result)
+    if not batched:
+        out = out[0]
+    if not want_weights:
+        return out
+    if average:
+        weights = average_heads(weights)
+    weights = weights.astype(result)
+    return out, (weights if batched else weights[0])

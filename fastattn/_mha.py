@@ -1,0 +1,729 @@
+"""fastattn.MultiHeadAttention: project, split heads, attend with the fast kernel, merge, project.
+
+The projections are NumPy matmuls (BLAS); the heads are strided views of the projected
+arrays, fed straight to :func:`fastattn.scaled_dot_product_attention`, which writes its
+result into a ``(B, L, H, D)`` buffer that the output projection reads as ``(B, L, E)``.
+So Q/K/V are never copied after they are projected. The checks shared with
+:func:`fastattn.reference.multi_head_attention` live here too.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from fastattn._sdpa import scaled_dot_product_attention
+from fastattn._validate import check_flag, float_array
+
+_LAYER_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+# --------------------------------------------------------------------------------------
+# Checks shared by the layer and its reference twin
+
+
+def check_size(value: object, name: str, *, minimum: int = 1) -> int:
+    """An int >= ``minimum`` (bools refused)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return n
+
+
+def check_layer_dtype(dtype: object) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from None
+    if dt not in _LAYER_DTYPES:
+        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
+    return dt
+
+
+def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
+    """The head size ``embed_dim // num_heads``, after checking that the heads divide."""
+    if embed_dim % num_heads:
+        raise ValueError(
+            f"num_heads={num_heads} does not divide embed_dim={embed_dim}: each head gets "
+            "embed_dim // num_heads features"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: query head h "
+            "reads key/value head h // (num_heads // num_kv_heads)"
+        )
+    return embed_dim // num_heads
+
+
+def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
+    """A ``(B, L, features)`` or ``(L, features)`` float array."""
+    a = float_array(x, name)
+    if a.ndim > 3 or a.shape[-1] != features:
+        raise ValueError(
+            f"{name} must have shape (B, L, {features}) or (L, {features}) "
+            f"({feature_name}={features}), got shape {a.shape}"
+        )
+    return a
+
+
+def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
+    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
+    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
+    q = sequence_input(query, "query", embed_dim, "embed_dim")
+    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
+    if key is None and q.shape[-1] != kdim:
+        raise ValueError(
+            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
+            "pass key explicitly"
+        )
+    if value is None:
+        v = k
+        if k.shape[-1] != vdim:
+            raise ValueError(
+                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
+                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
+            )
+    else:
+        v = sequence_input(value, "value", vdim, "vdim")
+    for name, a in (("key", k), ("value", v)):
+        if a.ndim != q.ndim:
+            raise ValueError(
+                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
+                "(B, L, features) or both unbatched (L, features)"
+            )
+        if q.ndim == 3 and a.shape[0] != q.shape[0]:
+            raise ValueError(
+                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
+                f"({name} {a.shape}, query {q.shape})"
+            )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
+            f"(key {k.shape}, value {v.shape})"
+        )
+    batched = q.ndim == 3
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    return q, k, v, batched
+
+
+def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
+    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
+    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
+    if valid_lens is None:
+        return None
+    vl = np.asarray(valid_lens)
+    if vl.dtype.kind not in "iu":
+        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
+    rows = (batch, num_q) if batched else (num_q,)
+    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
+        forms = "(B,) for one length per sequence or (B, Lq) for one per query" if batched \
+            else "() for one length or (Lq,) for one per query"
+        raise ValueError(
+            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
+            f"expected {forms} (size-1 axes broadcast)"
+        )
+    if not batched:
+        vl = vl[None] if vl.ndim else vl
+    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
+        vl = vl[:, None, :]
+    return vl
+
+
+def check_unbatched_mask(attn_mask: object, batched: bool):
+    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
+    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
+        raise ValueError(
+            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
+            "unbatched call (H, Lq, Lk)"
+        )
+    return attn_mask
+
+
+def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias,
+                       v_bias, out_bias):
+    """The functional form's weights checked: ``(num_kv_heads, [(weight, bias)] * 4)`` with
+    ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``, ``v_weight (Hkv * D, vdim)``,
+    ``out_weight (E, E)``, ``D = E // num_heads``; each bias ``(out_features,)`` or None."""
+    heads = check_size(num_heads, "num_heads")
+    pairs = []
+    for name, w, b in (("q", q_weight, q_bias), ("k", k_weight, k_bias),
+                       ("v", v_weight, v_bias), ("out", out_weight, out_bias)):
+        w = float_array(w, f"{name}_weight")
+        if w.ndim != 2:
+            raise ValueError(
+                f"{name}_weight must be 2-D (out_features, in_features), got shape {w.shape}"
+            )
+        if b is not None:
+            b = float_array(b, f"{name}_bias", min_ndim=1)
+            if b.shape != w.shape[:1]:
+                raise ValueError(
+                    f"{name}_bias must have shape {w.shape[:1]} (out_features of "
+                    f"{name}_weight {w.shape}), got {b.shape}"
+                )
+        pairs.append((w, b))
+    (wq, _), (wk, _), (wv, _), (wo, _) = pairs
+    e = wq.shape[1]
+    for name, w in (("q_weight", wq), ("out_weight", wo)):
+        if w.shape != (e, e):
+            raise ValueError(
+                f"{name} must have shape (E, E) = {(e, e)} (E from q_weight's in_features), "
+                f"got {w.shape}"
+            )
+    head_dim = check_head_split(e, heads, 1)
+    if wk.shape[0] % head_dim or wk.shape[0] == 0:
+        raise ValueError(
+            f"k_weight has {wk.shape[0]} out_features, not a positive multiple of the head "
+            f"size {head_dim} (E={e} // num_heads={heads})"
+        )
+    if wv.shape[0] != wk.shape[0]:
+        raise ValueError(
+            f"v_weight has {wv.shape[0]} out_features but k_weight has {wk.shape[0]}: "
+            "they must match (num_kv_heads * head_dim)"
+        )
+    num_kv = wk.shape[0] // head_dim
+    check_head_split(e, heads, num_kv)
+    return num_kv, pairs
+
+
+def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """``(B, L, H * D)`` -> ``(B, H, L, D)`` as a strided view (last axis stays unit-stride)."""
+    b, length, features = x.shape
+    return x.reshape(b, length, num_heads, features // num_heads).swapaxes(1, 2)
+
+
+def average_heads(weights: np.ndarray) -> np.ndarray:
+    """Mean over the head axis (-3), accumulated in at least float32."""
+    acc = np.promote_types(weights.dtype, np.float32)
+    return weights.mean(axis=-3, dtype=acc).astype(weights.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------
+# The layer
+
+
+class Projection:
+    """A linear map ``y = x @ weight.T + bias``, laid out like PyTorch's ``nn.Linear``.
+
+    ``weight`` has shape ``(out_features, in_features)`` and ``bias`` ``(out_features,)``
+    (or is None). Both are plain NumPy arrays in the layer's dtype: edit them in place, or
+    assign arrays of the same shape (they are converted to the layer's dtype).
+    """
+
+    __slots__ = ("_bias", "_dtype", "_name", "_weight")
+
+    def __init__(self, name: str, weight: np.ndarray, bias: np.ndarray | None,
+                 dtype: np.dtype) -> None:
+        self._name = name
+        self._dtype = dtype
+        self._weight = np.array(weight, dtype=dtype)  # own copy
+        self._bias = None if bias is None else np.array(bias, dtype=dtype)
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self._weight
+
+    @weight.setter
+    def weight(self, value) -> None:
+        a = float_array(value, f"{self._name}.weight", min_ndim=1)
+        if a.shape != self._weight.shape:
+            raise ValueError(
+                f"{self._name}.weight must have shape {self._weight.shape} "
+                f"(out_features, in_features), got {a.shape}"
+            )
+        self._weight = np.array(a, dtype=self._dtype)
+
+    @property
+    def bias(self) -> np.ndarray | None:
+        return self._bias
+
+    @bias.setter
+    def bias(self, value) -> None:
+        if self._bias is None:
+            raise ValueError(f"{self._name} has no bias (the layer was made with bias=False)")
+        a = float_array(value, f"{self._name}.bias", min_ndim=1)
+        if a.shape != self._bias.shape:
+            raise ValueError(
+                f"{self._name}.bias must have shape {self._bias.shape}, got {a.shape}"
+            )
+        self._bias = np.array(a, dtype=self._dtype)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        y = np.matmul(x, self._weight.T, out=out)
+        if self._bias is not None:
+            y += self._bias
+        return y
+
+    def into_heads(self, x: np.ndarray, num_heads: int, out: np.ndarray) -> np.ndarray:
+        """``x (B, L, in)`` projected straight into ``out (B, num_heads, L, out // H)``: one
+        matmul per head, no intermediate array (for the head-major KV cache)."""
+        in_f = self._weight.shape[1]
+        w = self._weight.reshape(num_heads, -1, in_f).transpose(0, 2, 1)  # (H, in, D) view
+        y = np.matmul(x[:, None], w, out=out)
+        if self._bias is not None:
+            y += self._bias.reshape(num_heads, 1, -1)
+        return y
+
+    def __repr__(self) -> str:
+        out_f, in_f = self._weight.shape
+        return (f"Projection({self._name}: {in_f} -> {out_f}, bias={self._bias is not None}, "
+                f"dtype={self._dtype})")
+
+
+class KVCache:
+    """Keys and values of past positions for one :class:`MultiHeadAttention` layer.
+
+    Made by :meth:`MultiHeadAttention.new_kv_cache`; pass it as ``kv_cache=`` and each
+    call appends its new positions in place. Storage is preallocated for ``max_len``
+    positions; appending past it raises ``ValueError`` (nothing is overwritten).
+
+    Attributes
+    ----------
+    batch, max_len, num_kv_heads, head_dim : int
+    dtype : numpy.dtype
+    length : int
+        Positions filled so far (``len(cache)``).
+    key, value : ndarray, shape ``(batch, num_kv_heads, length, head_dim)``
+        Views of the filled part (not copies).
+
+    Storage is head-major, ``(batch, num_kv_heads, max_len, head_dim)``: each head's keys
+    are contiguous, which the kernel reads fastest when one query row scans them all.
+    """
+
+    def __init__(self, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: np.dtype) -> None:
+        self.batch = batch
+        self.max_len = max_len
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.length = 0
+        self._key = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype)
+        self._value = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype)
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def key(self) -> np.ndarray:
+        return self._key[:, :, : self.length]
+
+    @property
+    def value(self) -> np.ndarray:
+        return self._value[:, :, : self.length]
+
+    def reset(self) -> None:
+        """Forget every position (the storage is kept for reuse)."""
+        self.length = 0
+
+    def __repr__(self) -> str:
+        return (f"KVCache(batch={self.batch}, length={self.length}, max_len={self.max_len}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"dtype={self.dtype})")
+
+
+def _xavier_uniform(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """torch.nn.init.xavier_uniform_: U(-a, a), a = sqrt(6 / (fan_in + fan_out))."""
+    fan_out, fan_in = shape
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, size=shape)
+
+
+def _to_numpy(value: object, name: str) -> np.ndarray:
+    """An array from a NumPy array, a torch tensor (duck-typed: no torch import) or a list."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        t = value.detach()
+        if hasattr(t, "cpu"):
+            t = t.cpu()
+        try:
+            value = t.numpy()
+        except TypeError:  # e.g. bfloat16, which NumPy lacks
+            value = t.float().numpy()
+    return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
+
+
+_TORCH_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+               "in_proj_bias", "out_proj.weight", "out_proj.bias")
+
+
+class MultiHeadAttention:
+    """Multi-head attention layer on NumPy arrays, with PyTorch's weight layout.
+
+    ``out = out_proj(concat_h(attention(q_proj(query)_h, k_proj(key)_g, v_proj(value)_g)))``
+    where query head ``h`` reads key/value head ``g = h // (num_heads // num_kv_heads)``.
+
+    Parameters
+    ----------
+    embed_dim : int
+        Feature size of the queries and of the output; split into ``num_heads`` heads of
+        ``head_dim = embed_dim // num_heads`` features.
+    num_heads : int
+        Query heads; must divide ``embed_dim``.
+    num_kv_heads : int, default ``num_heads``
+        Key/value heads; must divide ``num_heads``. Fewer than ``num_heads`` is
+        grouped-query attention, 1 is multi-query attention. ``k_proj``/``v_proj`` then
+        map to ``num_kv_heads * head_dim`` features.
+    kdim, vdim : int, default ``embed_dim``
+        Feature sizes of the key and value inputs (cross-attention from another source).
+    bias : bool, default True
+        Give all four projections a bias.
+    dtype : float16, float32 (default) or float64
+        Dtype of the weights; inputs are converted to it and outputs have it.
+    seed : int, numpy.random.Generator or None
+        Initialisation like ``torch.nn.MultiheadAttention``: in-projections Xavier-uniform
+        (one packed ``(3E, E)`` draw when kdim == vdim == embed_dim and there is no GQA, as
+        torch does; one draw per matrix otherwise), out-projection weight
+        ``U(-1/sqrt(E), 1/sqrt(E))`` (``nn.Linear``'s default), all biases zero.
+
+    Attributes
+    ----------
+    q_proj, k_proj, v_proj, out_proj : Projection
+        ``.weight`` ``(out_features, in_features)`` and ``.bias`` ``(out_features,)`` or
+        None, NumPy arrays: ``q_proj`` ``(E, E)``, ``k_proj`` ``(Hkv * D, kdim)``,
+        ``v_proj`` ``(Hkv * D, vdim)``, ``out_proj`` ``(E, E)``.
+
+    Calling the layer: see :meth:`__call__`. Loading PyTorch weights: :meth:`from_torch`.
+    Incremental decoding: :meth:`new_kv_cache`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> mha = fastattn.MultiHeadAttention(32, 4, seed=0)
+    >>> x = np.random.default_rng(0).standard_normal((2, 10, 32), dtype=np.float32)
+    >>> out, weights = mha(x, is_causal=True, need_weights=True)
+    >>> out.shape, out.dtype, weights.shape
+    ((2, 10, 32), dtype('float32'), (2, 10, 10))
+    >>> bool(np.allclose(weights.sum(-1), 1))
+    True
+
+    Decoding one position at a time gives the same outputs as one causal pass:
+
+    >>> cache = mha.new_kv_cache(batch=2, max_len=16)
+    >>> steps = [mha(x[:, i:i + 1], kv_cache=cache, is_causal=True) for i in range(10)]
+    >>> bool(np.allclose(np.concatenate(steps, axis=1), out, atol=1e-5))
+    True
+    """
+
+    def __init__(self, embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
+                 bias=True, dtype=np.float32, seed=None) -> None:
+        self.embed_dim = check_size(embed_dim, "embed_dim")
+        self.num_heads = check_size(num_heads, "num_heads")
+        self.num_kv_heads = self.num_heads if num_kv_heads is None else check_size(
+            num_kv_heads, "num_kv_heads")
+        self.kdim = self.embed_dim if kdim is None else check_size(kdim, "kdim")
+        self.vdim = self.embed_dim if vdim is None else check_size(vdim, "vdim")
+        self.bias = check_flag(bias, "bias")
+        self.dtype = check_layer_dtype(dtype)
+        self.head_dim = check_head_split(self.embed_dim, self.num_heads, self.num_kv_heads)
+        try:
+            rng = np.random.default_rng(seed)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"seed must be None, an int >= 0 or a numpy.random.Generator, got {seed!r}"
+            ) from None
+
+        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        if self._packs_like_torch:
+            wq, wk, wv = np.split(_xavier_uniform(rng, (3 * e, e)), 3)
+        else:
+            wq = _xavier_uniform(rng, (e, e))
+            wk = _xavier_uniform(rng, (kv, self.kdim))
+            wv = _xavier_uniform(rng, (kv, self.vdim))
+        bound = 1.0 / math.sqrt(e)
+        wo = rng.uniform(-bound, bound, size=(e, e))
+
+        def zeros(n):
+            return np.zeros(n) if self.bias else None
+
+        dt = self.dtype
+        self.q_proj = Projection("q_proj", wq, zeros(e), dt)
+        self.k_proj = Projection("k_proj", wk, zeros(kv), dt)
+        self.v_proj = Projection("v_proj", wv, zeros(kv), dt)
+        self.out_proj = Projection("out_proj", wo, zeros(e), dt)
+
+    @property
+    def _packs_like_torch(self) -> bool:
+        """True when torch would hold the in-projections as one packed in_proj_weight."""
+        return (self.kdim == self.vdim == self.embed_dim
+                and self.num_kv_heads == self.num_heads)
+
+    def __repr__(self) -> str:
+        return (f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
+                f"bias={self.bias}, dtype={self.dtype})")
+
+    def __call__(self, query, key=None, value=None, *, attn_mask=None, valid_lens=None,
+                 is_causal=False, need_weights=False, average_attn_weights=True,
+                 kv_cache=None, num_threads=None):
+        """Attend from ``query`` to ``key``/``value``.
+
+        Parameters
+        ----------
+        query : array_like, shape ``(B, Lq, embed_dim)`` or unbatched ``(Lq, embed_dim)``
+        key : array_like, shape ``(B, Lk, kdim)`` or ``(Lk, kdim)``; default ``query``
+        value : array_like, shape ``(B, Lk, vdim)`` or ``(Lk, vdim)``; default ``key``
+            Floating point; converted to the layer's dtype. With ``kv_cache`` these are the
+            new positions, appended to the cache before attending.
+        attn_mask : array_like, optional
+            Broadcastable to the scores ``(B, num_heads, Lq, Lk)`` (unbatched:
+            ``(num_heads, Lq, Lk)``), ``Lk`` counting cached positions. bool: True = may
+            attend (the opposite of torch's masks: torch's ``key_padding_mask`` ``(B, Lk)``
+            becomes ``attn_mask=~key_padding_mask[:, None, None, :]``). float: added to the
+            scaled scores.
+        valid_lens : array_like of int, optional
+            ``(B,)`` one length per sequence, or ``(B, Lq)`` one per query (unbatched:
+            ``()`` or ``(Lq,)``): key ``j`` is attended iff ``j < valid_len``.
+        is_causal : bool, default False
+            Query ``i`` attends keys ``j <= i`` (top-left aligned, as torch). With
+            ``kv_cache`` the alignment is bottom-right: the new positions are the last ones,
+            so query ``i`` attends keys ``j <= i + Lk - Lq``.
+        need_weights : bool, default False
+            Also return the attention weights.
+        average_attn_weights : bool, default True
+            Average the weights over the heads, ``(B, Lq, Lk)``; else ``(B, num_heads,
+            Lq, Lk)`` (unbatched: without ``B``).
+        kv_cache : KVCache, optional
+            From :meth:`new_kv_cache`. The new keys/values are projected into it in place
+            and the queries attend over every cached position. ``ValueError`` if they do
+            not fit in ``max_len``; the cache is unchanged if the call fails.
+        num_threads : int, optional
+            Threads for the attention kernel (the projections use NumPy's BLAS threads).
+
+        Returns
+        -------
+        out : ndarray, shape ``(B, Lq, embed_dim)`` (unbatched ``(Lq, embed_dim)``), or
+        ``(out, weights)`` when ``need_weights``.
+        """
+        q_in, k_in, v_in, batched = layer_inputs(query, key, value, self.embed_dim,
+                                                 self.kdim, self.vdim)
+        causal = check_flag(is_causal, "is_causal")
+        want_weights = check_flag(need_weights, "need_weights")
+        average = check_flag(average_attn_weights, "average_attn_weights")
+        check_unbatched_mask(attn_mask, batched)
+        b, num_q = q_in.shape[0], q_in.shape[1]
+        vl = head_valid_lens(valid_lens, b, num_q, batched)
+        dt = self.dtype
+        q_in, k_in, v_in = (a.astype(dt, copy=False) for a in (q_in, k_in, v_in))
+
+        q = split_heads(self.q_proj(q_in), self.num_heads)
+        if kv_cache is None:
+            k = split_heads(self.k_proj(k_in), self.num_kv_heads)
+            v = split_heads(self.v_proj(v_in), self.num_kv_heads)
+            alignment = "top_left"
+        else:
+            start, stop = self._reserve(kv_cache, b, k_in.shape[1])
+            # Project the new positions straight into the cache's rows.
+            self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, start:stop])
+            self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, start:stop])
+            k = kv_cache._key[:, :, :stop]
+            v = kv_cache._value[:, :, :stop]
+            alignment = "bottom_right"
+
+        # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads, no copy.
+        merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
+        result = scaled_dot_product_attention(
+            q, k, v, attn_mask, valid_lens=vl, is_causal=causal, causal_alignment=alignment,
+            return_weights=want_weights, out=merged.swapaxes(1, 2), num_threads=num_threads)
+        if kv_cache is not None:
+            kv_cache.length = stop  # only once the call has succeeded
+        out = self.out_proj(merged.reshape(b, num_q, self.embed_dim))
+        if not batched:
+            out = out[0]
+        if not want_weights:
+            return out
+        weights = result[1]
+        if average:
+            weights = average_heads(weights)
+        return out, (weights if batched else weights[0])
+
+    def _reserve(self, cache: object, batch: int, num_new: int) -> tuple[int, int]:
+        """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checks."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(
+                f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
+                f"got {type(cache).__name__}"
+            )
+        mine = (self.num_kv_heads, self.head_dim, self.dtype)
+        theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
+        if mine != theirs:
+            raise ValueError(
+                f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
+                f"dtype={theirs[2]}, but this layer has num_kv_heads={mine[0]}, "
+                f"head_dim={mine[1]}, dtype={mine[2]}"
+            )
+        if cache.batch != batch:
+            raise ValueError(
+                f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
+                f"{batch} (an unbatched call counts as batch 1)"
+            )
+        start = cache.length
+        stop = start + num_new
+        if stop > cache.max_len:
+            raise ValueError(
+                f"kv_cache is full: appending {num_new} positions to the {start} cached would "
+                f"exceed its max_len={cache.max_len}; make a larger one with "
+                "new_kv_cache(batch, max_len)"
+            )
+        return start, stop
+
+    def new_kv_cache(self, batch, max_len) -> KVCache:
+        """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
+
+        It holds ``2 * batch * max_len * num_kv_heads * head_dim`` values of the layer's
+        dtype, allocated now (zeroed).
+
+        >>> import numpy as np, fastattn
+        >>> mha = fastattn.MultiHeadAttention(16, 4, num_kv_heads=2, seed=1)
+        >>> cache = mha.new_kv_cache(batch=1, max_len=8)
+        >>> prompt = np.ones((1, 3, 16), np.float32)
+        >>> mha(prompt, kv_cache=cache, is_causal=True).shape
+        (1, 3, 16)
+        >>> len(cache), cache.key.shape
+        (3, (1, 2, 3, 4))
+        """
+        return KVCache(check_size(batch, "batch"), check_size(max_len, "max_len"),
+                       self.num_kv_heads, self.head_dim, self.dtype)
+
+    def state_dict(self) -> dict:
+        """The weights under ``torch.nn.MultiheadAttention``'s state_dict names (NumPy
+        arrays, copies): packed ``in_proj_weight`` when kdim == vdim == embed_dim, else
+        ``q_proj_weight``/``k_proj_weight``/``v_proj_weight``; ``in_proj_bias`` and
+        ``out_proj.bias`` when the layer has biases. Load it into torch with
+        ``module.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})``.
+        ``ValueError`` for a GQA/MQA layer, which torch's module cannot express."""
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                f"a layer with num_kv_heads={self.num_kv_heads} != num_heads={self.num_heads} "
+                "has no torch.nn.MultiheadAttention equivalent"
+            )
+        ws = (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+        sd = {}
+        if self._packs_like_torch:
+            sd["in_proj_weight"] = np.concatenate(ws)
+        else:
+            for name, w in zip(("q", "k", "v"), ws):
+                sd[f"{name}_proj_weight"] = w.copy()
+        if self.bias:
+            sd["in_proj_bias"] = np.concatenate(
+                [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        sd["out_proj.weight"] = self.out_proj.weight.copy()
+        if self.bias:
+            sd["out_proj.bias"] = self.out_proj.bias.copy()
+        return sd
+
+    @classmethod
+    def from_torch(cls, state_dict, num_heads, *, dtype=None) -> MultiHeadAttention:
+        """A layer holding the weights of a ``torch.nn.MultiheadAttention``.
+
+        Parameters
+        ----------
+        state_dict : mapping of str to array_like
+            ``module.state_dict()``, or any mapping of the same names to NumPy arrays or
+            tensors (torch itself is not needed; tensors are read with
+            ``.detach().cpu().numpy()``). Either the packed ``in_proj_weight`` ``(3E, E)``
+            or ``q_proj_weight`` ``(E, E)``, ``k_proj_weight`` ``(E, kdim)`` and
+            ``v_proj_weight`` ``(E, vdim)``; ``out_proj.weight`` ``(E, E)``; with bias also
+            ``in_proj_bias`` ``(3E,)`` and ``out_proj.bias`` ``(E,)``. ``bias_k``/``bias_v``
+            (``add_bias_kv=True``) are not supported.
+        num_heads : int
+            The module's ``num_heads`` (not recorded in its state_dict).
+        dtype : float16, float32 or float64, optional
+            Default: the weights' dtype (float32 for a default torch module).
+
+        The layer computes what the module computes with ``batch_first=True`` (dropout
+        off). Masks differ in polarity: torch's bool masks mark positions to *ignore*,
+        fastattn's mark positions to *attend*: pass ``attn_mask=~torch_attn_mask``, and
+        for torch's ``key_padding_mask`` ``(B, Lk)``,
+        ``attn_mask=~key_padding_mask[:, None, None, :]``.
+
+        >>> import numpy as np, fastattn
+        >>> rng = np.random.default_rng(0)
+        >>> sd = {"in_proj_weight": rng.standard_normal((24, 8)),
+        ...       "out_proj.weight": rng.standard_normal((8, 8))}
+        >>> mha = fastattn.MultiHeadAttention.from_torch(sd, num_heads=2)
+        >>> mha
+        MultiHeadAttention(embed_dim=8, num_heads=2, num_kv_heads=2, kdim=8, vdim=8, bias=False, dtype=float64)
+        """  # noqa: E501 - a doctest output line
+        if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
+            raise TypeError(
+                f"state_dict must be a mapping of names to arrays or tensors, "
+                f"got {type(state_dict).__name__}"
+            )
+        names = set(state_dict.keys())
+        if {"bias_k", "bias_v"} & names:
+            raise ValueError(
+                "state_dict has bias_k/bias_v (torch's add_bias_kv=True), which "
+                "MultiHeadAttention does not support"
+            )
+        unexpected = sorted(str(n) for n in names - set(_TORCH_KEYS))
+        if unexpected:
+            raise ValueError(
+                f"state_dict has unexpected keys {unexpected}; expected names from "
+                f"{list(_TORCH_KEYS)} (strip any module prefix such as 'self_attn.')"
+            )
+        sd = {name: _to_numpy(state_dict[name], name) for name in names}
+        if "out_proj.weight" not in sd:
+            raise ValueError("state_dict has no 'out_proj.weight'")
+        wo = sd["out_proj.weight"]
+        if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
+            raise ValueError(
+                f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}"
+            )
+        e = wo.shape[0]
+        separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+        if "in_proj_weight" in sd:
+            if set(separate) & names:
+                raise ValueError(
+                    "state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight"
+                )
+            w = sd["in_proj_weight"]
+            if w.shape != (3 * e, e):
+                raise ValueError(
+                    f"state_dict['in_proj_weight'] must have shape (3E, E) = {(3 * e, e)} "
+                    f"(E={e} from out_proj.weight), got {w.shape}"
+                )
+            wq, wk, wv = np.split(w, 3)
+        elif set(separate) <= names:
+            wq, wk, wv = (sd[n] for n in separate)
+            for n, w in zip(separate, (wq, wk, wv)):
+                if w.ndim != 2 or w.shape[0] != e or (n == "q_proj_weight" and w.shape[1] != e):
+                    want = "(E, E)" if n == "q_proj_weight" else f"(E, {n[0]}dim)"
+                    raise ValueError(
+                        f"state_dict[{n!r}] must have shape {want} with E={e} "
+                        f"(from out_proj.weight), got {w.shape}"
+                    )
+        else:
+            raise ValueError(
+                "state_dict has neither 'in_proj_weight' nor all of 'q_proj_weight', "
+                f"'k_proj_weight', 'v_proj_weight'; got keys {sorted(map(str, names))}"
+            )
+        has_in_bias, has_out_bias = "in_proj_bias" in sd, "out_proj.bias" in sd
+        if has_in_bias != has_out_bias:
+            raise ValueError(
+                "state_dict must have both 'in_proj_bias' and 'out_proj.bias' or neither, "
+                f"got only {'in_proj_bias' if has_in_bias else 'out_proj.bias'}"
+            )
+        if has_in_bias:
+            for n, want in (("in_proj_bias", (3 * e,)), ("out_proj.bias", (e,))):
+                if sd[n].shape != want:
+                    raise ValueError(
+                        f"state_dict[{n!r}] must have shape {want} (E={e}), got {sd[n].shape}"
+                    )
+        if dtype is None:
+            dtype = np.result_type(*sd.values())
+        layer = cls(e, num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_in_bias,
+                    dtype=dtype, seed=0)
+        layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight = wq, wk, wv
+        layer.out_proj.weight = wo
+        if has_in_bias:
+            layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias = np.split(
+                sd["in_proj_bias"], 3)
+            layer.out_proj.bias = sd["out_proj.bias"]
+        return layer
