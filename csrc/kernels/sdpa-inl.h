@@ -38,7 +38,7 @@ struct SdpaTraits {
   static constexpr int kRowTile = 4;            // query rows per register tile
   static constexpr int kColTile = 2 * kLanes;   // columns per register tile (2 vectors)
   static constexpr int64_t kBlockQ = 64;        // query rows per task
-  static constexpr int64_t kKtBytes = 32 * 1024;  // packed K^T block: about L1-sized
+  static constexpr int64_t kKtBytes = 64 * 1024;  // packed K^T block: about L1-sized
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
@@ -292,10 +292,14 @@ struct Plan {
 
 constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
 
-// Rows [r0, r1) of the task against keys [kb, kb + n) (K^T already packed in sc.kt).
+// Rows [r0, r1) of the task against columns [c0, c1) of the key block that starts at key
+// kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
+// c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
+// sub-block, and skipped columns are ones no row of the sub-block sees.
 template <typename T>
-void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, int64_t kb,
-                  int64_t n, const T* v_block, bool* v_packed) {
+void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
+                  int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* v_block,
+                  bool* v_packed) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
@@ -303,15 +307,18 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   const SdpaParams& p = *plan.p;
   const int64_t E = p.head_dim, Ev = p.head_dim_v;
   const int64_t kt_ld = plan.block_k;
+  const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
   const int64_t ncols = round_up(n, Tr::kColTile);
   const int64_t nrows = r1 - r0;
+  const T* kt = sc.kt + (c0 / Tr::kColTile) * E * Tr::kColTile;
+  const T* vb = v_block + c0 * p.v.row_stride;
   // Scores carry log2(e) (folded into q), so the softmax uses exp2; softcap and float
   // masks are converted to the same units.
   const bool softcap = p.softcap > 0;
   const T cap = T(p.softcap * kLog2e), inv_cap = T(1.0 / (softcap ? p.softcap * kLog2e : 1.0));
   const T mask_unit = T(kLog2e);
 
-  scores_tile(sc.q + r0 * E, E, sc.kt, sc.s, kt_ld, nrows, ncols);
+  scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, nrows, ncols);
 
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the padded width ncols.
@@ -397,17 +404,17 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
     for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.excludes[r + rr] == 0;
     if (dense) {
       if (!*v_packed) {
-        pack_values(v_block, p.v.row_stride, n, Ev, kt_ld, sc.vp);
+        pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
         *v_packed = true;
       }
-      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp, kt_ld, v_block, p.v.row_stride, Ev,
-              acc + r * Ev, Ev);
+      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, vb, p.v.row_stride,
+              Ev, acc + r * Ev, Ev);
     } else {
       for (int rr = 0; rr < Tr::kRowTile; ++rr)
-        pv_row(sc.s + (r + rr) * kt_ld, n, v_block, p.v.row_stride, Ev, acc + (r + rr) * Ev);
+        pv_row(sc.s + (r + rr) * kt_ld, n, vb, p.v.row_stride, Ev, acc + (r + rr) * Ev);
     }
   }
-  for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, v_block, p.v.row_stride, Ev, acc + r * Ev);
+  for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Ev);
 }
 
 // Masked scores -> weights, 2^(s - lse2) (both in log2 units); a row that saw nothing
@@ -511,15 +518,24 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     bool packed = false, v_packed = false;
     for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
       const int64_t r1 = imin(nrows, r0 + kSubRows);
-      bool any = false;
-      for (int64_t r = r0; r < r1 && !any; ++r)
-        any = sc.rows[r].lo < kb + n && sc.rows[r].hi > kb && sc.rows[r].lo < sc.rows[r].hi;
-      if (!any) continue;  // no row of this sub-block sees this key block
+      // The columns of this block that some row of the sub-block sees.
+      int64_t lo_min = kb + n, hi_max = kb;
+      for (int64_t r = r0; r < r1; ++r) {
+        const RowRef<T>& row = sc.rows[r];
+        const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
+        if (lo < hi) {
+          lo_min = imin(lo_min, lo);
+          hi_max = imax(hi_max, hi);
+        }
+      }
+      if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
       if (!packed) {
         pack_keys(k + kb * p.k.row_stride, p.k.row_stride, n, ncols, E, sc.kt);
         packed = true;
       }
-      attend_block(plan, sc, r0, r1, kb, n, v + kb * p.v.row_stride, &v_packed);
+      const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
+      attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, v + kb * p.v.row_stride,
+                   &v_packed);
     }
   }
 
