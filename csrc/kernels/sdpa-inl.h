@@ -162,14 +162,28 @@ inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, 
 
 // Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns,
 // whole chunks only) is a contiguous n x kColTile block for the P V micro-kernel.
+// Returns whether every value of the block is finite: then a zero probability times a
+// value is exactly zero, and rows that exclude keys can still use the register tile.
 template <typename T>
-inline void pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
                         int64_t panel_rows, T* vp) {
-  constexpr int CT = SdpaTraits<T>::kColTile;
+  using V = typename VecOf<T>::type;
+  constexpr int CT = SdpaTraits<T>::kColTile, L = SdpaTraits<T>::kLanes;
+  V bad = V{};
   for (int64_t c = 0; c + CT <= head_dim_v; c += CT) {
     T* dst = vp + (c / CT) * panel_rows * CT;
-    for (int64_t j = 0; j < n; ++j) std::memcpy(dst + j * CT, v + j * row_stride + c, sizeof(T) * CT);
+    for (int64_t j = 0; j < n; ++j) {
+      const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
+      vstore(dst + j * CT, a);
+      vstore(dst + j * CT + L, b);
+      bad += (a - a) + (b - b);  // NaN for any inf or NaN
+    }
   }
+  bool finite = true;
+  for (int lane = 0; lane < L; ++lane) finite = finite && bad[lane] == T(0);
+  for (int64_t c = head_dim_v / CT * CT; c < head_dim_v; ++c)
+    for (int64_t j = 0; j < n; ++j) finite = finite && (v[j * row_stride + c] - v[j * row_stride + c]) == T(0);
+  return finite;
 }
 
 // s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
@@ -299,7 +313,7 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 template <typename T>
 void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
                   int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* v_block,
-                  bool* v_packed) {
+                  bool* v_packed, bool* v_finite) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
@@ -396,17 +410,18 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     sc.m[r0 + r] = m_new;
   }
 
-  // acc += P V, register-tiled where no row of the tile excludes a key of this block.
+  // acc += P V, register-tiled unless a row of the tile excludes a key whose value is
+  // not finite (0 * inf would reach it).
+  if (!*v_packed) {
+    *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
+    *v_packed = true;
+  }
   T* acc = sc.acc + r0 * Ev;
   int64_t r = 0;
   for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
-    bool dense = true;
-    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense && sc.excludes[r + rr] == 0;
+    bool dense = *v_finite;
+    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense || sc.excludes[r + rr] == 0;
     if (dense) {
-      if (!*v_packed) {
-        pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
-        *v_packed = true;
-      }
       pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, vb, p.v.row_stride,
               Ev, acc + r * Ev, Ev);
     } else {
@@ -515,7 +530,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
     const int64_t n = imin(plan.block_k, khi - kb);
     const int64_t ncols = round_up(n, Tr::kColTile);
-    bool packed = false, v_packed = false;
+    bool packed = false, v_packed = false, v_finite = true;
     for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
       const int64_t r1 = imin(nrows, r0 + kSubRows);
       // The columns of this block that some row of the sub-block sees.
@@ -535,7 +550,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
       }
       const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
       attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, v + kb * p.v.row_stride,
-                   &v_packed);
+                   &v_packed, &v_finite);
     }
   }
 

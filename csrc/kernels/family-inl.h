@@ -1,0 +1,713 @@
+// The blocked attention driver shared by the attention-family kernels (additive attention,
+// hardmax/top-k attention, Nadaraya-Watson kernel regression), written once and compiled
+// once per ISA (<op>_<isa>.cpp defines FASTATTN_ISA_NS and FASTATTN_VEC_BYTES, then
+// includes its <op>-inl.h, which includes this). Everything lives in that ISA's namespace
+// (nested in `family`, so nothing collides with the SDPA kernel's helpers); no std
+// containers or std templates that could be emitted out of line.
+//
+// A kernel is a score source and a normaliser plugged into one driver:
+//   Scores: layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
+//           writes s[r * ld + j], r < nrows, j < ncols (ncols: n rounded up to whole
+//           column tiles; the padding is masked here afterwards);
+//   Norm:   layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
+//           consumes the masked scores; finish(task) writes out (and weights).
+// Work unit ("task"): one (batch, query head, block of query rows), done by one thread
+// start to finish, so results are bit-identical for any thread count. Keys are visited in
+// blocks; no Lq x Lk buffer exists unless the caller asked for the weights.
+#pragma once  // per translation unit
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/family_params.h"
+#include "kernels/math-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+namespace family {
+
+// GCC/Clang vector extensions: one register of this ISA; FASTATTN_VEC_BYTES == 0 is the
+// scalar reference path (one-lane "vectors").
+template <typename T>
+constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
+template <typename T>
+struct VecOf {
+  typedef T type __attribute__((vector_size(kVecBytes<T>)));
+};
+template <typename T>
+constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
+template <typename T>
+constexpr int kColTile = 2 * kLanes<T>;  // keys are scored in whole tiles of this many
+constexpr int kRowTile = 4;              // query rows per register tile
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
+
+template <typename T>
+inline typename VecOf<T>::type vload(const T* p) {
+  typename VecOf<T>::type v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+inline void vstore(T* p, typename VecOf<T>::type v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+
+template <typename T>
+inline T neg_inf() {
+  return -T(__builtin_inf());
+}
+template <typename T>
+inline T quiet_nan() {
+  return T(__builtin_nan(""));
+}
+
+// Sum of the lanes, lane 0 first.
+template <typename T, typename V>
+inline T lane_sum(V v) {
+  T s = 0;
+  for (int i = 0; i < kLanes<T>; ++i) s += v[i];
+  return s;
+}
+// Max of the lanes; a NaN lane wins (NaN propagates to the output).
+template <typename T, typename V>
+inline T lane_max(V v) {
+  T m = neg_inf<T>();
+  for (int i = 0; i < kLanes<T>; ++i) {
+    const T x = v[i];
+    m = (x > m || x != x) ? x : m;
+  }
+  return m;
+}
+
+// A bump allocator over one aligned block: run the layout once with base == nullptr to
+// learn the size, allocate, run it again to hand out the pieces (64-byte aligned each).
+struct Arena {
+  char* base = nullptr;
+  int64_t used = 0;
+  template <typename U>
+  U* take(int64_t n) {
+    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
+    used += round_up(imax(n, 1) * int64_t(sizeof(U)), 64);
+    return p;
+  }
+};
+
+inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
+  int64_t off = 0;
+  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
+  return off;
+}
+
+// out[0:dout) = x[0:din) @ w, w C-contiguous (din, dout); the sum runs over d in order.
+template <typename T>
+inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* out) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  int64_t c = 0;
+  for (; c + 4 * L <= dout; c += 4 * L) {
+    V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int64_t d = 0; d < din; ++d) {
+      const T xd = x[d];
+      const T* wr = w + d * dout + c;
+      a0 += xd * vload(wr);
+      a1 += xd * vload(wr + L);
+      a2 += xd * vload(wr + 2 * L);
+      a3 += xd * vload(wr + 3 * L);
+    }
+    vstore(out + c, a0);
+    vstore(out + c + L, a1);
+    vstore(out + c + 2 * L, a2);
+    vstore(out + c + 3 * L, a3);
+  }
+  for (; c + L <= dout; c += L) {
+    V a = {};
+    for (int64_t d = 0; d < din; ++d) a += x[d] * vload(w + d * dout + c);
+    vstore(out + c, a);
+  }
+  for (; c < dout; ++c) {
+    T a = 0;
+    for (int64_t d = 0; d < din; ++d) a += x[d] * w[d * dout + c];
+    out[c] = a;
+  }
+}
+
+// One task's view of the call: pointers resolved for (batch entry, head), the visible key
+// range of each row, and which rows see a key in the current block.
+template <typename T>
+struct Task {
+  int64_t b = 0, h = 0, hk = 0, i0 = 0, nrows = 0;
+  int64_t coord[kMaxBatchDims];
+  const T* q = nullptr;  // row 0 of this (batch, head); rows at q.row_stride
+  const T* k = nullptr;
+  const T* v = nullptr;
+  T* out = nullptr;
+  const uint8_t* bmask = nullptr;
+  const T* fmask = nullptr;
+  T* weights = nullptr;  // row 0 of this (batch, head): row i at weights + i * len_k
+  int64_t klo = 0, khi = 0;  // union of the rows' ranges; klo aligned down to a tile
+  int64_t* lo = nullptr;     // per row: visible keys [lo, hi)
+  int64_t* hi = nullptr;
+  int64_t* jlo = nullptr;    // per row, current block: visible columns [jlo, jhi)
+  int64_t* jhi = nullptr;
+  uint8_t* active = nullptr;  // per row, current block: jlo < jhi
+};
+
+// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together
+// (the rule of DESIGN.md §2, as the SDPA kernel applies it).
+inline void row_key_range(const FamilyParams& p, int64_t row, int64_t valid_len, int64_t* lo,
+                          int64_t* hi) {
+  int64_t l = 0, h = imin(p.len_k, valid_len);
+  const int64_t d = row + p.diag_offset;
+  if (p.causal) h = imin(h, d + 1);
+  if (p.window_left >= 0) l = imax(l, d - p.window_left);
+  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
+  *lo = l;
+  *hi = imax(h, l);
+}
+
+template <typename T>
+void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t i0,
+                int64_t nrows) {
+  const int64_t bn = p.batch_ndim;
+  for (int64_t d = bn - 1, rest = b; d >= 0; --d) {
+    t.coord[d] = rest % p.batch_shape[d];
+    rest /= p.batch_shape[d];
+  }
+  t.b = b;
+  t.h = h;
+  t.hk = h / (p.num_heads_q / p.num_heads_kv);
+  t.i0 = i0;
+  t.nrows = nrows;
+  auto at = [&](const StridedView& view, int64_t head) {
+    return batch_offset(view.batch_stride, t.coord, bn) + head * view.head_stride;
+  };
+  t.q = static_cast<const T*>(p.q.data) + at(p.q, h);
+  t.k = static_cast<const T*>(p.k.data) + at(p.k, t.hk);
+  t.v = static_cast<const T*>(p.v.data) + at(p.v, t.hk);
+  t.out = static_cast<T*>(const_cast<void*>(p.out.data)) + at(p.out, h);
+  t.bmask = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) + at(p.bool_mask, h)
+                             : nullptr;
+  t.fmask = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) + at(p.float_mask, h)
+                              : nullptr;
+  const int64_t* vlens = p.valid_lens.data
+                             ? static_cast<const int64_t*>(p.valid_lens.data) + at(p.valid_lens, h)
+                             : nullptr;
+  t.weights = p.weights ? static_cast<T*>(p.weights) + (b * p.num_heads_q + h) * p.len_q * p.len_k
+                        : nullptr;
+  int64_t klo = p.len_k, khi = 0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t i = i0 + r;
+    const int64_t vl = vlens ? vlens[i * p.valid_lens.row_stride] : p.len_k;
+    row_key_range(p, i, vl, &t.lo[r], &t.hi[r]);
+    if (t.lo[r] < t.hi[r]) {
+      klo = imin(klo, t.lo[r]);
+      khi = imax(khi, t.hi[r]);
+    }
+  }
+  t.klo = klo < khi ? klo - klo % kColTile<T> : 0;
+  t.khi = klo < khi ? khi : 0;
+}
+
+// One task: score each key block, apply the masks, hand the block to the normaliser.
+template <typename T, typename Scores, typename Norm>
+void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int64_t ld,
+              int64_t block_k) {
+  const int64_t Lk = p.len_k;
+  if (t.weights) std::memset(t.weights + t.i0 * Lk, 0, size_t(t.nrows * Lk) * sizeof(T));
+  sc.begin(t);
+  nm.begin(t);
+  const T ninf = neg_inf<T>();
+  for (int64_t kb = t.klo; kb < t.khi; kb += block_k) {
+    const int64_t n = imin(block_k, t.khi - kb);
+    const int64_t ncols = round_up(n, kColTile<T>);
+    sc.block(t, kb, n, ncols, s, ld);
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      T* sr = s + r * ld;
+      const int64_t i = t.i0 + r;
+      const int64_t jlo = imax(t.lo[r] - kb, 0), jhi = imin(t.hi[r] - kb, n);
+      t.jlo[r] = jlo;
+      t.jhi[r] = jhi;
+      t.active[r] = jlo < jhi;
+      if (jlo >= jhi) continue;
+      if (t.fmask) {
+        const int64_t cs = p.float_mask.col_stride;
+        const T* fm = t.fmask + i * p.float_mask.row_stride + kb * cs;
+        for (int64_t j = jlo; j < jhi; ++j) sr[j] += fm[j * cs];
+      }
+      if (t.bmask) {
+        const int64_t cs = p.bool_mask.col_stride;
+        const uint8_t* bm = t.bmask + i * p.bool_mask.row_stride + kb * cs;
+        for (int64_t j = jlo; j < jhi; ++j) sr[j] = bm[j * cs] ? sr[j] : ninf;
+      }
+      for (int64_t j = 0; j < jlo; ++j) sr[j] = ninf;
+      for (int64_t j = jhi; j < ncols; ++j) sr[j] = ninf;
+    }
+    nm.block(t, kb, n, ncols, s, ld);
+  }
+  nm.finish(t);
+}
+
+// Runs every task of the call; false if a thread's scratch could not be allocated.
+template <typename T, typename Scores, typename Norm>
+bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, int64_t block_q,
+                int64_t block_k) {
+  int64_t batch = 1;
+  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
+  block_q = imax(1, imin(block_q, p.len_q));
+  block_k = round_up(imax(block_k, 1), kColTile<T>);
+  const int64_t ld = block_k;
+  const int64_t q_blocks = (p.len_q + block_q - 1) / block_q;
+  const int64_t tasks = batch * p.num_heads_q * q_blocks;
+  bool failed = false;
+  const int threads = int(imax(1, imin(p.num_threads, tasks)));
+#pragma omp parallel num_threads(threads)
+  {
+    Scores sc(p, shared);
+    Norm nm(p);
+    Task<T> t;
+    T* s = nullptr;
+    void* raw = nullptr;
+    for (int pass = 0; pass < 2; ++pass) {
+      Arena a;
+      a.base = static_cast<char*>(raw);
+      s = a.take<T>(block_q * ld);
+      t.lo = a.take<int64_t>(block_q);
+      t.hi = a.take<int64_t>(block_q);
+      t.jlo = a.take<int64_t>(block_q);
+      t.jhi = a.take<int64_t>(block_q);
+      t.active = a.take<uint8_t>(block_q);
+      sc.layout(a, block_q, ld);
+      nm.layout(a, block_q, ld);
+      if (pass == 0) raw = std::aligned_alloc(64, size_t(a.used));
+      if (!raw) break;
+    }
+    if (!raw) {
+#pragma omp atomic write
+      failed = true;
+    }
+    // Hand out later query blocks first (a causal mask gives them more keys).
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      if (!raw) continue;
+      const int64_t qb = q_blocks - 1 - task % q_blocks;
+      const int64_t bh = task / q_blocks;
+      const int64_t i0 = qb * block_q;
+      setup_task<T>(p, t, bh / p.num_heads_q, bh % p.num_heads_q, i0,
+                    imin(block_q, p.len_q - i0));
+      run_task<T>(p, sc, nm, t, s, ld, block_k);
+    }
+    std::free(raw);
+  }
+  return !failed;
+}
+
+// ---------------------------------------------------------------------------------------
+// acc += P V
+
+// acc[0:dv) += sum_j p[j] * v[j, :] over j < n, skipping p == 0 so that values of keys a
+// row does not attend (padding, NaN) never reach it.
+template <typename T>
+inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
+                   T* acc) {
+  constexpr int L = kLanes<T>;
+  for (int64_t j = 0; j < n; ++j) {
+    const T pj = p[j];
+    if (pj == T(0)) continue;
+    const T* vr = v + j * v_row_stride;
+    int64_t c = 0;
+    for (; c + L <= dv; c += L) vstore(acc + c, vload(acc + c) + pj * vload(vr + c));
+    for (; c < dv; ++c) acc[c] += pj * vr[c];
+  }
+}
+
+// The same for kRowTile rows at once, all of whose p in [0, n) are nonzero.
+template <typename T>
+inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_row_stride,
+                    int64_t dv, T* acc, int64_t acc_ld) {
+  using V = typename VecOf<T>::type;
+  constexpr int RT = kRowTile, L = kLanes<T>;
+  int64_t c = 0;
+  for (; c + 2 * L <= dv; c += 2 * L) {
+    V a[RT][2];
+    for (int rr = 0; rr < RT; ++rr) {
+      a[rr][0] = vload(acc + rr * acc_ld + c);
+      a[rr][1] = vload(acc + rr * acc_ld + c + L);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
+      for (int rr = 0; rr < RT; ++rr) {
+        const T pj = p[rr * p_ld + j];
+        a[rr][0] += pj * v0;
+        a[rr][1] += pj * v1;
+      }
+    }
+    for (int rr = 0; rr < RT; ++rr) {
+      vstore(acc + rr * acc_ld + c, a[rr][0]);
+      vstore(acc + rr * acc_ld + c + L, a[rr][1]);
+    }
+  }
+  for (; c < dv; ++c) {
+    for (int rr = 0; rr < RT; ++rr) {
+      T a = acc[rr * acc_ld + c];
+      for (int64_t j = 0; j < n; ++j) a += p[rr * p_ld + j] * v[j * v_row_stride + c];
+      acc[rr * acc_ld + c] = a;
+    }
+  }
+}
+
+// acc (nrows x dv) += P (nrows x n, row stride ld) V, register-tiled over row tiles whose
+// probabilities are all nonzero (zeros[r] == 0), zero-skipping elsewhere.
+template <typename T>
+inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, const int64_t* zeros,
+                          const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
+  int64_t r = 0;
+  for (; r + kRowTile <= nrows; r += kRowTile) {
+    bool dense = true;
+    for (int rr = 0; rr < kRowTile; ++rr) dense = dense && zeros[r + rr] == 0;
+    if (dense) {
+      pv_tile(s + r * ld, ld, n, v, v_row_stride, dv, acc + r * dv, dv);
+    } else {
+      for (int rr = 0; rr < kRowTile; ++rr)
+        pv_row(s + (r + rr) * ld, n, v, v_row_stride, dv, acc + (r + rr) * dv);
+    }
+  }
+  for (; r < nrows; ++r) pv_row(s + r * ld, n, v, v_row_stride, dv, acc + r * dv);
+}
+
+// ---------------------------------------------------------------------------------------
+// Normalisers
+
+// Online softmax: running row max m, row sum l, unnormalised output acc; rescale only when
+// the max grows; normalise once. A row that saw no key gets `empty` (0 for attention).
+template <typename T>
+struct OnlineSoftmax {
+  const FamilyParams& p;
+  T empty;
+  T* m = nullptr;
+  T* l = nullptr;
+  T* acc = nullptr;
+  int64_t* zeros = nullptr;
+
+  explicit OnlineSoftmax(const FamilyParams& params, T empty_value = T(0))
+      : p(params), empty(empty_value) {}
+
+  void layout(Arena& a, int64_t block_q, int64_t) {
+    m = a.take<T>(block_q);
+    l = a.take<T>(block_q);
+    acc = a.take<T>(block_q * imax(p.dim_v, 1));
+    zeros = a.take<int64_t>(block_q);
+  }
+
+  void begin(const Task<T>& t) {
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      m[r] = neg_inf<T>();
+      l[r] = T(0);
+    }
+    std::memset(acc, 0, size_t(t.nrows * p.dim_v) * sizeof(T));
+  }
+
+  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+    using V = typename VecOf<T>::type;
+    constexpr int L = kLanes<T>;
+    const T ninf = neg_inf<T>();
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      T* sr = s + r * ld;
+      if (!t.active[r]) {
+        for (int64_t j = 0; j < ncols; ++j) sr[j] = T(0);
+        zeros[r] = n;
+        continue;
+      }
+      const int64_t i = t.i0 + r;
+      if (t.weights)
+        std::memcpy(t.weights + i * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
+                    size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
+      V vmax = V{} + ninf;
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V x = vload(sr + j);
+        vmax = (x > vmax) | (x != x) ? x : vmax;
+      }
+      const T mx = lane_max<T>(vmax);
+      const T m_old = m[r];
+      const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
+      if (m_new == ninf) {  // everything so far masked
+        for (int64_t j = 0; j < ncols; ++j) sr[j] = T(0);
+        zeros[r] = n;
+        continue;
+      }
+      V vsum = V{}, vzeros = V{};
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V e = exp_approx_vec<T>(vload(sr + j) - m_new);
+        vstore(sr + j, e);
+        vsum += e;
+        vzeros += e == T(0) ? V{} + T(1) : V{};
+      }
+      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);  // padding is always 0
+      if (m_new != m_old) {  // e^-inf = 0 on first use
+        const T alpha = exp_approx(m_old - m_new);
+        T* a = acc + r * p.dim_v;
+        for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
+        l[r] *= alpha;
+      }
+      l[r] += lane_sum<T>(vsum);
+      m[r] = m_new;
+    }
+    accumulate_pv(s, ld, t.nrows, n, zeros, t.v + kb * p.v.row_stride, p.v.row_stride, p.dim_v,
+                  acc);
+  }
+
+  void finish(const Task<T>& t) {
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const int64_t i = t.i0 + r;
+      T* o = t.out + i * p.out.row_stride;
+      const bool is_empty = m[r] == neg_inf<T>();
+      const T inv = is_empty ? T(0) : T(1) / l[r];
+      const T* a = acc + r * p.dim_v;
+      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = is_empty ? empty : a[c] * inv;
+      if (t.weights && t.lo[r] < t.hi[r]) {
+        T* w = t.weights + i * p.len_k;
+        if (is_empty) {
+          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = T(0);
+        } else {
+          const T lse = m[r] + T(__builtin_log(double(l[r])));
+          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = exp_approx(w[j] - lse);
+        }
+      }
+    }
+  }
+};
+
+// Hardmax / top-k: per row a min-heap of the k best (score, key) pairs seen so far, the
+// root being the worst (lowest score; on equal scores the later key). Keys arrive in
+// increasing order, so a new key enters only with a strictly higher score than the root:
+// ties keep the first keys. Scores of -inf count as masked; a NaN makes the row NaN.
+// finish: hardmax puts weight exactly 1 on the best key; top-k takes a softmax over the
+// kept scores.
+template <typename T>
+struct SelectTopK {
+  const FamilyParams& p;
+  int64_t k;
+  T* hs = nullptr;        // block_q x k scores
+  int64_t* hj = nullptr;  // block_q x k keys
+  int64_t* hn = nullptr;  // heap sizes
+  uint8_t* nan = nullptr;
+  T* w = nullptr;         // k weights (finish)
+
+  explicit SelectTopK(const FamilyParams& params)
+      : p(params), k(imax(1, params.hardmax ? 1 : params.top_k)) {}
+
+  void layout(Arena& a, int64_t block_q, int64_t) {
+    hs = a.take<T>(block_q * k);
+    hj = a.take<int64_t>(block_q * k);
+    hn = a.take<int64_t>(block_q);
+    nan = a.take<uint8_t>(block_q);
+    w = a.take<T>(k);
+  }
+
+  void begin(const Task<T>& t) {
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      hn[r] = 0;
+      nan[r] = 0;
+    }
+  }
+
+  // (sa, ja) is worse than (sb, jb)
+  static bool worse(T sa, int64_t ja, T sb, int64_t jb) {
+    return sa < sb || (sa == sb && ja > jb);
+  }
+
+  void offer(T* s, int64_t* j, int64_t& size, T x, int64_t key) const {
+    if (size < k) {  // push and sift up
+      int64_t c = size++;
+      while (c > 0) {
+        const int64_t parent = (c - 1) / 2;
+        if (!worse(x, key, s[parent], j[parent])) break;
+        s[c] = s[parent];
+        j[c] = j[parent];
+        c = parent;
+      }
+      s[c] = x;
+      j[c] = key;
+      return;
+    }
+    if (!(x > s[0])) return;  // the later key loses ties
+    int64_t c = 0;  // replace the root and sift down
+    for (;;) {
+      const int64_t a = 2 * c + 1, b = a + 1;
+      if (a >= size) break;
+      int64_t child = a;
+      if (b < size && worse(s[b], j[b], s[a], j[a])) child = b;
+      if (!worse(s[child], j[child], x, key)) break;
+      s[c] = s[child];
+      j[c] = j[child];
+      c = child;
+    }
+    s[c] = x;
+    j[c] = key;
+  }
+
+  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+    using V = typename VecOf<T>::type;
+    constexpr int L = kLanes<T>;
+    const T ninf = neg_inf<T>();
+    (void)ncols;
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      if (!t.active[r] || nan[r]) continue;
+      const T* sr = s + r * ld;
+      T* rs = hs + r * k;
+      int64_t* rj = hj + r * k;
+      int64_t size = hn[r];
+      int64_t j = t.jlo[r];
+      const int64_t jend = t.jhi[r];
+      while (j < jend) {
+        if (size == k && j + L <= jend) {  // skip whole vectors that cannot enter
+          const V x = vload(sr + j);
+          const T thr = rs[0];
+          bool any = false;
+          for (int lane = 0; lane < L; ++lane) any = any || !(x[lane] <= thr);
+          if (!any) {
+            j += L;
+            continue;
+          }
+        }
+        const int64_t stop = imin(jend, j + L);
+        for (; j < stop; ++j) {
+          const T x = sr[j];
+          if (x != x) {
+            nan[r] = 1;
+            break;
+          }
+          if (x > ninf) offer(rs, rj, size, x, kb + j);
+        }
+        if (nan[r]) break;
+      }
+      hn[r] = size;
+    }
+  }
+
+  void finish(const Task<T>& t) {
+    const int64_t dv = p.dim_v, Lk = p.len_k;
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const int64_t i = t.i0 + r;
+      T* o = t.out + i * p.out.row_stride;
+      T* wrow = t.weights ? t.weights + i * Lk : nullptr;
+      const T* rs = hs + r * k;
+      const int64_t* rj = hj + r * k;
+      const int64_t size = hn[r];
+      bool bad = nan[r] != 0;
+      T sum = 0;
+      if (!bad && size > 0 && !p.hardmax) {
+        T mx = rs[0];
+        for (int64_t e = 1; e < size; ++e) mx = rs[e] > mx ? rs[e] : mx;
+        for (int64_t e = 0; e < size; ++e) {
+          w[e] = exp_approx(rs[e] - mx);
+          sum += w[e];
+        }
+        bad = sum != sum;  // +inf scores: inf - inf
+      }
+      if (bad) {
+        for (int64_t c = 0; c < dv; ++c) o[c] = quiet_nan<T>();
+        if (wrow)
+          for (int64_t j = 0; j < Lk; ++j) wrow[j] = quiet_nan<T>();
+        continue;
+      }
+      for (int64_t c = 0; c < dv; ++c) o[c] = T(0);
+      if (size == 0) continue;  // nothing visible: output 0, weights 0
+      if (p.hardmax) {
+        const T* vr = t.v + rj[0] * p.v.row_stride;
+        for (int64_t c = 0; c < dv; ++c) o[c] = vr[c];
+        if (wrow) wrow[rj[0]] = T(1);
+        continue;
+      }
+      const T inv = T(1) / sum;
+      for (int64_t e = 0; e < size; ++e) {
+        const T we = w[e] * inv;
+        if (wrow) wrow[rj[e]] = we;
+        if (we == T(0)) continue;
+        const T* vr = t.v + rj[e] * p.v.row_stride;
+        for (int64_t c = 0; c < dv; ++c) o[c] += we * vr[c];
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Score sources shared by several kernels
+
+// Scaled dot products: s = scale * q . k, with the query rows pre-scaled and each key block
+// packed transposed (dim x ld, zero-padded) for a register-tiled product.
+template <typename T>
+struct DotScores {
+  struct Shared {};
+  const FamilyParams& p;
+  T* q = nullptr;
+  T* kt = nullptr;
+
+  DotScores(const FamilyParams& params, const Shared&) : p(params) {}
+
+  void layout(Arena& a, int64_t block_q, int64_t ld) {
+    q = a.take<T>(block_q * imax(p.dim_q, 1));
+    kt = a.take<T>(imax(p.dim_q, 1) * ld);
+  }
+
+  void begin(const Task<T>& t) {
+    const T scale = T(p.scale);
+    const int64_t E = p.dim_q;
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const T* qr = t.q + (t.i0 + r) * p.q.row_stride;
+      for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * qr[e];
+    }
+  }
+
+  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+    using V = typename VecOf<T>::type;
+    constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
+    const int64_t E = p.dim_q;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = t.k + (kb + j) * p.k.row_stride;
+      for (int64_t e = 0; e < E; ++e) kt[e * ld + j] = kr[e];
+    }
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t j = n; j < ncols; ++j) kt[e * ld + j] = T(0);
+    int64_t r = 0;
+    for (; r + RT <= t.nrows; r += RT) {
+      for (int64_t c = 0; c < ncols; c += CT) {
+        V acc[RT][2] = {};
+        for (int64_t e = 0; e < E; ++e) {
+          const V k0 = vload(kt + e * ld + c), k1 = vload(kt + e * ld + c + L);
+          for (int rr = 0; rr < RT; ++rr) {
+            const T qv = q[(r + rr) * E + e];
+            acc[rr][0] += qv * k0;
+            acc[rr][1] += qv * k1;
+          }
+        }
+        for (int rr = 0; rr < RT; ++rr) {
+          vstore(s + (r + rr) * ld + c, acc[rr][0]);
+          vstore(s + (r + rr) * ld + c + L, acc[rr][1]);
+        }
+      }
+    }
+    for (; r < t.nrows; ++r) {
+      for (int64_t c = 0; c < ncols; c += CT) {
+        V a0 = {}, a1 = {};
+        for (int64_t e = 0; e < E; ++e) {
+          const T qv = q[r * E + e];
+          a0 += qv * vload(kt + e * ld + c);
+          a1 += qv * vload(kt + e * ld + c + L);
+        }
+        vstore(s + r * ld + c, a0);
+        vstore(s + r * ld + c + L, a1);
+      }
+    }
+  }
+};
+
+}  // namespace family
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

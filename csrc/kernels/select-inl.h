@@ -1,0 +1,36 @@
+// Hardmax / top-k attention over dot-product scores, compiled once per ISA
+// (select_<isa>.cpp): s = scale * q . k + float_mask, masks as SDPA; per row the k best
+// visible keys are kept in a small heap while the key blocks stream past (family-inl.h),
+// then hardmax puts weight 1 on the first best key and top-k takes a softmax over the
+// kept scores. Only the kept keys' values are read.
+#pragma once  // per translation unit
+
+#include "kernels/family-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+namespace family {
+
+template <typename T>
+bool select_attention(const FamilyParams& p) {
+  // Key blocks: the packed K^T block (dim x keys) stays about L1-sized.
+  const int64_t keys = 32 * 1024 / (imax(p.dim_q, 1) * int64_t(sizeof(T)));
+  const int64_t block_k = imax(kColTile<T>, imin(512, keys / kColTile<T> * kColTile<T>));
+  // Fewer rows per task when k is large, so the per-thread heaps stay small.
+  const int64_t k = imax(1, p.hardmax ? 1 : p.top_k);
+  const int64_t block_q = imax(1, imin(64, (int64_t(1) << 16) / k));
+  typename DotScores<T>::Shared sh;
+  return run_family<T, DotScores<T>, SelectTopK<T>>(p, sh, block_q, block_k);
+}
+
+}  // namespace family
+
+bool select_attention_f32(const FamilyParams& params) {
+  return family::select_attention<float>(params);
+}
+bool select_attention_f64(const FamilyParams& params) {
+  return family::select_attention<double>(params);
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn
