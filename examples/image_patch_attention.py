@@ -60,10 +60,7 @@ def from_patches(patches: np.ndarray) -> np.ndarray:
 
 
 def main(path: str = "image_patch_attention.png") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # no pyplot: works on any (or no) display
     from matplotlib.patches import Rectangle
 
     img = make_image(np.random.default_rng(0))

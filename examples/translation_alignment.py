@@ -61,10 +61,7 @@ def build_layer() -> fastattn.MultiHeadAttention:
 
 
 def main(path: str = "translation_alignment.png") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # no pyplot: works on any (or no) display
 
     src, tgt = embed(np.random.default_rng(3))
     mha = build_layer()

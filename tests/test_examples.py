@@ -29,7 +29,7 @@ def test_example_writes_png(script, tmp_path):
     pixels = image.imread(png)
     assert pixels.ndim == 3 and pixels.shape[0] >= 300 and pixels.shape[1] >= 600
     assert np.asarray(pixels).std() > 0.05  # a picture, not a blank canvas
-    assert proc.stderr == ""  # no warnings
+    assert "Warning" not in proc.stderr, proc.stderr
 
 
 def test_translation_example_aligns_every_word():
