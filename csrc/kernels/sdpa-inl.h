@@ -18,26 +18,16 @@
 
 #include "api/sdpa_params.h"
 #include "kernels/math-inl.h"
+#include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
-// GCC/Clang vector extensions: one register of this ISA; lowered to its instructions.
-// FASTATTN_VEC_BYTES == 0 is the scalar reference path: one-lane "vectors".
-template <typename T>
-constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
-
-template <typename T>
-struct VecOf {
-  typedef T type __attribute__((vector_size(kVecBytes<T>)));
-};
-
 template <typename T>
 struct SdpaTraits {
-  static constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
+  static constexpr int kLanes = fastattn::FASTATTN_ISA_NS::kLanes<T>;
   static constexpr int kRowTile = 4;            // query rows per register tile
   static constexpr int kColTile = 2 * kLanes;   // columns per register tile (2 vectors)
-  static constexpr int64_t kBlockQ = 64;        // query rows per task
   static constexpr int64_t kKtBytes = 64 * 1024;  // packed K^T block: about L1-sized
 };
 
@@ -47,17 +37,6 @@ constexpr double kLn2 = 0.69314718055994530942;
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
-
-template <typename T>
-inline typename VecOf<T>::type vload(const T* p) {
-  typename VecOf<T>::type v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-inline void vstore(T* p, typename VecOf<T>::type v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
 
 // Keys per block: the packed K^T block (head_dim x keys) stays about L1-sized.
 template <typename T>
