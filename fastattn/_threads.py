@@ -90,10 +90,13 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
             _setting = self._previous
 
 
+_CPU_COUNT = max(1, os.cpu_count() or 1)
+
+
 def _cap() -> int:
     """At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
     process's thread limit (OpenMP then aborts the interpreter)."""
-    return 4 * max(1, os.cpu_count() or 1)
+    return 4 * _CPU_COUNT
 
 
 _forked_child = False

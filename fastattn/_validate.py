@@ -44,6 +44,8 @@ def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``a`` in ``dtype``, native byte order, unit-stride last axis; copies only if needed."""
     if a.dtype != dtype:  # also catches non-native byte order
         a = a.astype(dtype, order="K")
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
     if a.ndim and (
         (a.shape[-1] > 1 and a.strides[-1] != a.itemsize)
         or any(s % a.itemsize for s in a.strides)
@@ -186,6 +188,8 @@ class SdpaArgs:
 
     def full(self, a: np.ndarray) -> np.ndarray:
         """``a`` (query, key or value, maybe converted) broadcast to the batch: a view."""
+        if a.shape[:-3] == self.batch:
+            return a
         return np.broadcast_to(a, self.batch + a.shape[-3:])
 
     @property

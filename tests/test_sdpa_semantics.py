@@ -386,6 +386,25 @@ def test_masked_out_values_may_be_nan(isa, kind):
     assert (got[2][..., bad] == 0).all()
 
 
+@pytest.mark.parametrize("excluded_row", [0, 1, 2, 3, 5])
+def test_nan_value_excluded_for_one_row_of_a_tile(isa, excluded_row):
+    """A row that excludes a NaN-valued key stays finite even when its neighbours (which
+    share a register tile with it) attend that key and so become NaN themselves."""
+    q, k, v = qkv(31, (1, 1, 8, 8), (1, 1, 16, 8), (1, 1, 16, 8))
+    v[..., 5, :] = np.nan
+    mask = np.ones((8, 16), bool)
+    mask[excluded_row, 5] = False
+    out = sdpa(q, k, v, mask)
+    assert np.isfinite(out[0, 0, excluded_row]).all(), out[0, 0, excluded_row]
+    others = [r for r in range(8) if r != excluded_row]
+    assert np.isnan(out[0, 0, others]).all(axis=-1).all()
+    clean_v = v.copy()
+    clean_v[..., 5, :] = 0.0
+    expected = reference.scaled_dot_product_attention(q, k, clean_v, mask)
+    np.testing.assert_allclose(out[0, 0, excluded_row], expected[0, 0, excluded_row],
+                               rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------
 # GQA, broadcasting, strides
 

@@ -207,6 +207,27 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
   }
 }
 
+// s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
+// (decoding), where packing K^T would cost more than the scores themselves.
+template <typename T>
+inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
+                          int64_t s_ld, int64_t nrows, int64_t n) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = SdpaTraits<T>::kLanes;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* kr = k + j * k_row_stride;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const T* qr = q + r * head_dim;
+      V acc = V{};
+      int64_t e = 0;
+      for (; e + L <= head_dim; e += L) acc += vload(qr + e) * vload(kr + e);
+      T dot = reduce_add<T>(acc);
+      for (; e < head_dim; ++e) dot += qr[e] * kr[e];
+      s[r * s_ld + j] = dot;
+    }
+  }
+}
+
 // acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
 // keys a row does not attend (padding, NaN) never reach it.
 template <typename T>
@@ -277,6 +298,7 @@ struct Plan {
   int64_t q_blocks;    // ceil(len_q / block_q)
   int64_t tasks;       // batch * num_heads_kv * q_blocks
   int64_t max_rows;    // group * block_q
+  bool thin;           // fewer rows than a register tile per task: no packing (decoding)
   int64_t block_k;     // keys per block (a multiple of kColTile)
   int64_t key_splits;  // 1, or the number of key ranges merged by log-sum-exp
   int64_t split_len;   // keys per split: a multiple of block_k
@@ -291,8 +313,8 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 // sub-block, and skipped columns are ones no row of the sub-block sees.
 template <typename T>
 void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
-                  int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* v_block,
-                  bool* v_packed, bool* v_finite) {
+                  int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* k_block,
+                  const T* v_block, bool* v_packed, bool* v_finite) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
@@ -311,7 +333,11 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   const T cap = T(p.softcap * kLog2e), inv_cap = T(1.0 / (softcap ? p.softcap * kLog2e : 1.0));
   const T mask_unit = T(kLog2e);
 
-  scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, nrows, ncols);
+  if (plan.thin)
+    scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
+                  nrows, n);
+  else
+    scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, nrows, ncols);
 
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the padded width ncols.
@@ -389,18 +415,24 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     sc.m[r0 + r] = m_new;
   }
 
+  T* acc = sc.acc + r0 * Ev;
+  if (plan.thin) {  // straight from the value rows
+    for (int64_t r = 0; r < nrows; ++r)
+      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Ev);
+    return;
+  }
   // acc += P V, register-tiled unless a row of the tile excludes a key whose value is
   // not finite (0 * inf would reach it).
   if (!*v_packed) {
     *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
     *v_packed = true;
   }
-  T* acc = sc.acc + r0 * Ev;
   int64_t r = 0;
   for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
-    bool dense = *v_finite;
-    for (int rr = 0; rr < Tr::kRowTile; ++rr) dense = dense || sc.excludes[r + rr] == 0;
-    if (dense) {
+    bool all_included = true;
+    for (int rr = 0; rr < Tr::kRowTile; ++rr)
+      all_included = all_included && sc.excludes[r + rr] == 0;
+    if (*v_finite || all_included) {
       pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, vb, p.v.row_stride,
               Ev, acc + r * Ev, Ev);
     } else {
@@ -523,13 +555,13 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
         }
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
-      if (!packed) {
+      if (!packed && !plan.thin) {
         pack_keys(k + kb * p.k.row_stride, p.k.row_stride, n, ncols, E, sc.kt);
         packed = true;
       }
       const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
-      attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, v + kb * p.v.row_stride,
-                   &v_packed, &v_finite);
+      attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, k + kb * p.k.row_stride,
+                   v + kb * p.v.row_stride, &v_packed, &v_finite);
     }
   }
 
@@ -627,6 +659,9 @@ bool sdpa_forward(const SdpaParams& p) {
   plan.q_blocks = (p.len_q + plan.block_q - 1) / plan.block_q;
   plan.tasks = heads * plan.q_blocks;
   plan.max_rows = plan.group * plan.block_q;
+  // Fixed by the shape (not by block_q, which follows the thread count), since the two
+  // paths round differently.
+  plan.thin = plan.group * p.len_q < SdpaTraits<T>::kRowTile;
   // Few tasks over long key ranges (decoding): split the keys. Fixed by the shape alone.
   plan.key_splits = 1;
   plan.split_len = imax(p.len_k, 1);
