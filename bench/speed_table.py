@@ -82,6 +82,36 @@ def matmul_rate(rounds: int) -> float:
     return 2.0 * 2048**3 / t
 
 
+def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
+    b, hq, hkv, lq, lk, e, causal, dtype, target = spec
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, hq, lq, e)).astype(dtype)
+    k = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
+    v = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
+    cands = {"fastattn": lambda: fastattn.scaled_dot_product_attention(
+        q, k, v, is_causal=causal)}
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        kw = {"enable_gqa": True} if hq != hkv else {}
+        cands["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, is_causal=causal, **kw)
+    if with_numpy:
+        cands["numpy"] = lambda: numpy_sdpa(q, k, v, causal)
+    t = measure(cands, rounds)
+    visible = (sum(min(i + 1, lk) for i in range(lq)) / (lq * lk)) if causal else 1.0
+    flops = 4.0 * b * hq * lq * lk * e * visible
+    rate = flops / t["fastattn"]
+    row = f"| {name} | {t['fastattn'] * 1e3:.2f} | {rate / 1e9:.0f} | {rate / mm:.0%} | "
+    if "torch" in t:
+        row += f"{t['torch'] * 1e3:.2f} | {t['torch'] / t['fastattn']:.2f}x | "
+    else:
+        row += "- | - | "
+    row += f"{f'>= {target:.1f}x' if target else '-'} |"
+    if with_numpy:
+        row += f" {t['numpy'] * 1e3:.2f} | {t['numpy'] / t['fastattn']:.1f}x |"
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -99,35 +129,9 @@ def main() -> None:
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     wanted = [s for s in args.shapes.split(",") if s]
-    for name, (b, hq, hkv, lq, lk, e, causal, dtype, target) in SHAPES.items():
-        if wanted and not any(w in name for w in wanted):
-            continue
-        rng = np.random.default_rng(0)
-        q = rng.standard_normal((b, hq, lq, e)).astype(dtype)
-        k = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
-        v = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
-        cands = {"fastattn": lambda: fastattn.scaled_dot_product_attention(
-            q, k, v, is_causal=causal)}
-        if torch is not None:
-            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-            kw = {"enable_gqa": True} if hq != hkv else {}
-            cands["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(
-                tq, tk, tv, is_causal=causal, **kw)
-        if args.numpy:
-            cands["numpy"] = lambda: numpy_sdpa(q, k, v, causal)
-        t = measure(cands, args.rounds)
-        visible = (sum(min(i + 1, lk) for i in range(lq)) / (lq * lk)) if causal else 1.0
-        flops = 4.0 * b * hq * lq * lk * e * visible
-        row = (f"| {name} | {t['fastattn'] * 1e3:.2f} | {flops / t['fastattn'] / 1e9:.0f} | "
-               f"{flops / t['fastattn'] / mm:.0%} | ")
-        if "torch" in t:
-            row += f"{t['torch'] * 1e3:.2f} | {t['torch'] / t['fastattn']:.2f}x | "
-        else:
-            row += "- | - | "
-        row += f"{'>= %.1fx' % target if target else '-'} |"
-        if args.numpy:
-            row += f" {t['numpy'] * 1e3:.2f} | {t['numpy'] / t['fastattn']:.1f}x |"
-        print(row, flush=True)
+    for name, spec in SHAPES.items():
+        if not wanted or any(w in name for w in wanted):
+            print(table_row(name, spec, args.rounds, args.numpy, mm), flush=True)
 
     # Thread scaling and causal cost on the 2048 shape.
     rng = np.random.default_rng(0)
