@@ -10,6 +10,7 @@ import os as _os
 
 from fastattn import _core, reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._config import show_config
+from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
 from fastattn._sdpa import scaled_dot_product_attention
@@ -21,7 +22,11 @@ __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "__version__",
+    "additive_attention",
+    "attention",
     "get_num_threads",
+    "masked_softmax",
+    "nadaraya_watson",
     "plot_attention",
     "scaled_dot_product_attention",
     "set_num_threads",

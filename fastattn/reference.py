@@ -8,8 +8,6 @@ input raises the same errors here.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from fastattn import _threads
@@ -22,15 +20,27 @@ from fastattn._mha import (
     split_heads,
 )
 from fastattn._validate import (
-    broadcast_valid_lens,
     check_flag,
     check_out,
-    float_array,
     result_dtypes,
     sdpa_args,
 )
+from fastattn._validate_family import (
+    additive_args,
+    attention_spec,
+    masked_softmax_args,
+    regression_args,
+    unit_rows,
+)
 
-__all__ = ["masked_softmax", "multi_head_attention", "scaled_dot_product_attention"]
+__all__ = [
+    "additive_attention",
+    "attention",
+    "masked_softmax",
+    "multi_head_attention",
+    "nadaraya_watson",
+    "scaled_dot_product_attention",
+]
 
 
 def _visible_keys(num_q: int, num_k: int, diag_offset: int, is_causal: bool,
@@ -143,7 +153,7 @@ def scaled_dot_product_attention(
     return (output, *extras) if extras else output
 
 
-def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None):
+def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
     """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
 
     ``valid_lens`` (int) keeps entries ``j < valid_len``; its shape is a leading prefix of
@@ -157,40 +167,17 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None):
     >>> reference.masked_softmax(np.zeros((1, 4)), np.array([2]))
     array([[0.5, 0.5, 0. , 0. ]])
     """
-    a = float_array(x, "x", min_ndim=1)
-    result, _ = result_dtypes(a)
-    if isinstance(axis, (bool, np.bool_)):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    try:
-        ax = operator.index(axis)
-    except TypeError:
-        raise TypeError(f"axis must be an int, got {axis!r}") from None
-    if not -a.ndim <= ax < a.ndim:
-        raise ValueError(f"axis {axis} is out of bounds for x with {a.ndim} dimensions")
-    ax %= a.ndim
-    if out is not None:
-        check_out(out, a.shape, result, {"x": x, "valid_lens": valid_lens, "mask": mask})
-
-    moved = np.moveaxis(a, ax, -1).astype(np.float64)
+    args = masked_softmax_args(x, valid_lens, mask, axis, out)
+    _threads.resolve(num_threads)
+    ax = args.axis
+    moved = np.moveaxis(args.x, ax, -1).astype(np.float64)
     allowed = np.ones(moved.shape, dtype=bool)
-    if valid_lens is not None:
-        vl = broadcast_valid_lens(valid_lens, moved.shape[:-1], moved.shape[:-1],
-                                  moved.shape[-1])
-        allowed &= np.arange(moved.shape[-1]) < vl[..., None]
-    if mask is not None:
-        m = np.asarray(mask)
-        if m.dtype != np.bool_:
-            raise TypeError(f"mask must be a bool array (True = keep), got dtype {m.dtype}")
-        try:
-            if np.broadcast_shapes(m.shape, a.shape) != a.shape:
-                raise ValueError
-        except ValueError:
-            raise ValueError(
-                f"mask of shape {m.shape} does not broadcast to x's shape {a.shape}"
-            ) from None
-        allowed &= np.moveaxis(np.broadcast_to(m, a.shape), ax, -1)
+    if args.valid_lens is not None:
+        allowed &= np.arange(moved.shape[-1]) < args.valid_lens[..., None]
+    if args.mask is not None:
+        allowed &= np.moveaxis(args.mask, ax, -1)
     weights, _ = _softmax_rows(moved, allowed)
-    weights = np.moveaxis(weights, -1, ax).astype(result)
+    weights = np.moveaxis(weights, -1, ax).astype(args.result_dtype)
     if out is not None:
         np.copyto(out, weights)
         return out
@@ -257,3 +244,208 @@ def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_
         weights = average_heads(weights)
     weights = weights.astype(result)
     return out, (weights if batched else weights[0])
+
+
+# --------------------------------------------------------------------------------------
+# The attention family
+
+
+def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
+    """Full-shape bool: causal/window, valid_lens and the bool mask, ANDed."""
+    allowed = np.broadcast_to(
+        _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
+        args.full_scores_shape)
+    if args.valid_lens is not None:
+        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
+    if args.bool_mask is not None:
+        allowed = allowed & args.bool_mask
+    return allowed
+
+
+def _weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """weights @ v, where keys of weight 0 contribute nothing even if their values are NaN."""
+    if np.isfinite(v).all():
+        return weights @ v
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = weights[..., None]
+        terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
+    return terms.sum(axis=-2)
+
+
+def _normalize_rows(scores: np.ndarray, allowed: np.ndarray, normalize: str,
+                    top_k: int | None) -> np.ndarray:
+    """Weights over the last axis. softmax: the masked softmax. hardmax: weight 1 on the
+    first highest visible score. topk: a softmax over the top_k highest visible scores
+    (ties keep the first keys). Scores of -inf count as masked; a NaN among the visible
+    scores makes the whole row NaN; a row with nothing visible is 0."""
+    if normalize == "softmax":
+        return _softmax_rows(scores, allowed)[0]
+    s = np.where(allowed, scores, -np.inf)
+    nan_rows = np.isnan(s).any(axis=-1, keepdims=True)
+    s = np.where(np.isnan(s), -np.inf, s)
+    num_k = s.shape[-1]
+    keep = np.zeros(s.shape, dtype=bool)
+    if num_k:
+        k = 1 if normalize == "hardmax" else min(top_k, num_k)
+        order = np.argsort(-s, axis=-1, kind="stable")[..., :k]  # stable: first keys on ties
+        np.put_along_axis(keep, order, True, axis=-1)
+    keep &= s > -np.inf
+    if normalize == "hardmax":
+        weights = keep.astype(np.float64)
+    else:
+        weights = _softmax_rows(s, keep)[0]
+    return np.where(nan_rows, np.nan, weights)
+
+
+def _additive_scores(q: np.ndarray, k: np.ndarray, ws) -> np.ndarray:
+    """w_v . tanh(q w_q + k w_k) for every (query, key) pair, through the full
+    (..., Lq, Lk, hidden) tensor, in float64."""
+    qp = q @ ws.w_q.astype(np.float64)
+    kp = k @ ws.w_k.astype(np.float64)
+    return np.tanh(qp[..., :, None, :] + kp[..., None, :, :]) @ ws.w_v.astype(np.float64)
+
+
+def _family_result(args, scores, normalize, top_k, v, want_weights, out):
+    """Masks, normaliser, weighted values, dtype and out= handling shared by the twins."""
+    num_q, num_k = scores.shape[-2], scores.shape[-1]
+    if args.float_mask is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            scores = scores + args.float_mask.astype(np.float64)
+    weights = _normalize_rows(scores, _allowed(args, num_q, num_k), normalize, top_k)
+    output = _weighted_values(weights, v).reshape(args.out_shape).astype(args.result_dtype)
+    if out is not None:
+        np.copyto(out, output)
+        output = out
+    if want_weights:
+        return output, weights.reshape(args.scores_shape).astype(args.result_dtype)
+    return output
+
+
+def _full_qkv(args):
+    """q, k, v in float64, broadcast to the batch, kv heads repeated for each query head."""
+    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
+    group = q.shape[-3] // max(k.shape[-3], 1)
+    return q, np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+
+
+def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
+                       is_causal=False, causal_alignment="top_left", window=None,
+                       return_weights=False, out=None, num_threads=None):
+    """NumPy twin of :func:`fastattn.additive_attention`: the d2l broadcast formula in
+    float64, forming the whole ``(..., Lq, Lk, hidden)`` tensor.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q, k, v = np.ones((1, 2)), np.ones((3, 2)), np.arange(3.0)[:, None]
+    >>> reference.additive_attention(q, k, v, np.eye(2), np.eye(2), np.ones(2))
+    array([[1.]])
+    """
+    args, ws = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens,
+                             is_causal, causal_alignment, window)
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k,
+                   "w_v": w_v, "attn_mask": attn_mask, "valid_lens": valid_lens})
+    q, k, v = _full_qkv(args)
+    scores = _additive_scores(q, k, ws)
+    return _family_result(args, scores, "softmax", None, v, want_weights, out)
+
+
+def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normalize="softmax",
+              scale=None, weight=None, temperature=None, bandwidth=None, w_q=None, w_k=None,
+              w_v=None, top_k=None, valid_lens=None, is_causal=False,
+              causal_alignment="top_left", window=None, return_weights=False, out=None,
+              num_threads=None):
+    """NumPy twin of :func:`fastattn.attention`: each score from its definition (gaussian
+    from the differences ``q - k``, cosine from normalised rows), whole score matrices,
+    float64.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q, k = np.array([[0.0], [2.0]]), np.array([[0.0], [1.0], [2.0]])
+    >>> reference.attention(q, k, np.eye(3), score="gaussian", normalize="hardmax")
+    array([[1., 0., 0.],
+           [0., 0., 1.]])
+    """
+    spec = attention_spec(query, key, value, attn_mask, score=score, normalize=normalize,
+                          scale=scale, weight=weight, temperature=temperature,
+                          bandwidth=bandwidth, w_q=w_q, w_k=w_k, w_v=w_v, top_k=top_k,
+                          valid_lens=valid_lens, is_causal=is_causal,
+                          causal_alignment=causal_alignment, window=window)
+    args = spec.args
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
+                   "valid_lens": valid_lens, "weight": weight, "w_q": w_q, "w_k": w_k,
+                   "w_v": w_v})
+    q, k, v = _full_qkv(args)
+    kt = np.swapaxes(k, -1, -2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if spec.score == "dot":
+            scores = q @ kt
+        elif spec.score == "scaled_dot":
+            scores = (q @ kt) * spec.scale
+        elif spec.score == "general":
+            scores = (q @ spec.weight.astype(np.float64)) @ kt
+        elif spec.score == "cosine":
+            scores = (unit_rows(q) @ np.swapaxes(unit_rows(k), -1, -2)) * spec.scale
+        elif spec.score == "gaussian":
+            diff = q[..., :, None, :] - k[..., None, :, :]
+            scores = -(diff * diff).sum(axis=-1) / (2.0 * spec.bandwidth**2)
+        else:
+            scores = _additive_scores(q, k, spec.additive)
+    return _family_result(args, scores, spec.normalize, spec.top_k, v, want_weights, out)
+
+
+def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1.0,
+                    return_weights=False, out=None, num_threads=None):
+    """NumPy twin of :func:`fastattn.nadaraya_watson` (float64, whole weight matrix).
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> x = np.array([0.0, 1.0, 2.0])
+    >>> reference.nadaraya_watson(np.array([0.5, 5.0]), x, x, kernel="triangular")
+    array([0.5, nan])
+    """
+    ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, ra.out_shape, ra.result_dtype,
+                  {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
+    xq, xk, y = (np.broadcast_to(a, ra.batch + a.shape[-2:]).astype(np.float64)
+                 for a in (ra.x_query, ra.x_keys, ra.y_values))
+    h = ra.bandwidth[..., None, None]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = xq[..., :, None, :] - xk[..., None, :, :]
+        u = np.sqrt((diff * diff).sum(axis=-1)) / h  # (batch..., Lq, Lk)
+        if xk.shape[-2] == 0:  # no keys: 0/0
+            weights = np.zeros(u.shape)
+            undefined = np.ones(u.shape[:-1] + (1,), dtype=bool)
+        elif ra.kernel == "gaussian":
+            weights = _softmax_rows(-u * u / 2.0, np.ones(u.shape, dtype=bool))[0]
+            undefined = np.isnan(weights).any(axis=-1, keepdims=True)
+        else:
+            inside = u <= 1.0  # NaN distances are outside
+            if ra.kernel == "boxcar":
+                k = np.where(inside, 1.0, 0.0)
+            elif ra.kernel == "triangular":
+                k = np.where(inside, 1.0 - u, 0.0)
+            else:
+                k = np.where(inside, 0.75 * (1.0 - u * u), 0.0)
+            total = k.sum(axis=-1, keepdims=True)
+            undefined = total == 0
+            weights = k / np.where(undefined, 1.0, total)
+        weights = np.where(undefined, np.nan, weights)
+        output = np.where(undefined, np.nan, _weighted_values(weights, y))
+    output = output.reshape(ra.out_shape).astype(ra.result_dtype)
+    if out is not None:
+        np.copyto(out, output)
+        output = out
+    if want_weights:
+        return output, weights.reshape(ra.weights_shape).astype(ra.result_dtype)
+    return output

@@ -5,10 +5,12 @@
 namespace fastattn {
 void register_sdpa(pybind11::module_& m);
 void register_config(pybind11::module_& m);
+void register_family(pybind11::module_& m);
 }  // namespace fastattn
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "fastattn compiled kernels (private; use the fastattn package)";
   fastattn::register_config(m);
   fastattn::register_sdpa(m);
+  fastattn::register_family(m);
 }

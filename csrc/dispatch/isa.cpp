@@ -3,19 +3,30 @@
 #include <atomic>
 #include <stdexcept>
 
+#include "kernels/family.h"
 #include "kernels/sdpa.h"
 
 namespace fastattn {
 namespace {
 
+// One row per ISA: the SDPA kernel, then the attention family, f32 before f64.
+#define FASTATTN_KERNEL_TABLE(tag, ns)                                                      \
+  {tag,                          #ns,                                                       \
+   ns::sdpa_forward_f32,         ns::sdpa_forward_f64,                                      \
+   ns::masked_softmax_f32,       ns::masked_softmax_f64,                                    \
+   ns::additive_attention_f32,   ns::additive_attention_f64,                                \
+   ns::project_f32,              ns::project_f64,                                           \
+   ns::select_attention_f32,     ns::select_attention_f64,                                  \
+   ns::nadaraya_watson_f32,      ns::nadaraya_watson_f64}
+
 const KernelTable kTables[] = {
-    {Isa::kScalar, "scalar", scalar::sdpa_forward_f32, scalar::sdpa_forward_f64},
-    {Isa::kBaseline, "baseline", baseline::sdpa_forward_f32, baseline::sdpa_forward_f64},
+    FASTATTN_KERNEL_TABLE(Isa::kScalar, scalar),
+    FASTATTN_KERNEL_TABLE(Isa::kBaseline, baseline),
 #if defined(FASTATTN_HAVE_AVX2)
-    {Isa::kAvx2, "avx2", avx2::sdpa_forward_f32, avx2::sdpa_forward_f64},
+    FASTATTN_KERNEL_TABLE(Isa::kAvx2, avx2),
 #endif
 #if defined(FASTATTN_HAVE_AVX512)
-    {Isa::kAvx512, "avx512", avx512::sdpa_forward_f32, avx512::sdpa_forward_f64},
+    FASTATTN_KERNEL_TABLE(Isa::kAvx512, avx512),
 #endif
 };
 constexpr int kNumTables = int(sizeof(kTables) / sizeof(kTables[0]));

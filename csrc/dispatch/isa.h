@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "api/family_params.h"
 #include "api/sdpa_params.h"
 
 namespace fastattn {
@@ -16,6 +17,17 @@ struct KernelTable {
   const char* name;
   bool (*sdpa_f32)(const SdpaParams&);
   bool (*sdpa_f64)(const SdpaParams&);
+  // The attention family (csrc/kernels/family.h).
+  bool (*masked_softmax_f32)(const MaskedSoftmaxParams&);
+  bool (*masked_softmax_f64)(const MaskedSoftmaxParams&);
+  bool (*additive_f32)(const FamilyParams&);
+  bool (*additive_f64)(const FamilyParams&);
+  bool (*project_f32)(const ProjectParams&);
+  bool (*project_f64)(const ProjectParams&);
+  bool (*select_f32)(const FamilyParams&);
+  bool (*select_f64)(const FamilyParams&);
+  bool (*nadaraya_watson_f32)(const FamilyParams&);
+  bool (*nadaraya_watson_f64)(const FamilyParams&);
 };
 
 // ISAs this build compiled and this CPU/OS can run, best last.

@@ -3,24 +3,76 @@
 // FASTATTN_ISA_NS, so no inline function leaks across ISAs. No libm, no std templates.
 #pragma once  // per translation unit
 
+#if defined(__SSE2__)
+#include <immintrin.h>  // min/max instructions only (gnu_inline: nothing emitted out of line)
+#endif
+
 #include "kernels/math-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
+// Lane-wise min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b, as the min/max
+// instructions define them (b when either is NaN): one instruction where the ISA has it,
+// where GCC would otherwise emit a compare and a blend.
+template <typename T, typename V>
+inline V vmin(V a, V b) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if constexpr (sizeof(T) == 4) return (V)_mm512_min_ps((__m512)a, (__m512)b);
+    else return (V)_mm512_min_pd((__m512d)a, (__m512d)b);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (sizeof(T) == 4) return (V)_mm256_min_ps((__m256)a, (__m256)b);
+    else return (V)_mm256_min_pd((__m256d)a, (__m256d)b);
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16) {
+    if constexpr (sizeof(T) == 4) return (V)_mm_min_ps((__m128)a, (__m128)b);
+    else return (V)_mm_min_pd((__m128d)a, (__m128d)b);
+  }
+#endif
+  return a < b ? a : b;
+}
+template <typename T, typename V>
+inline V vmax(V a, V b) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if constexpr (sizeof(T) == 4) return (V)_mm512_max_ps((__m512)a, (__m512)b);
+    else return (V)_mm512_max_pd((__m512d)a, (__m512d)b);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (sizeof(T) == 4) return (V)_mm256_max_ps((__m256)a, (__m256)b);
+    else return (V)_mm256_max_pd((__m256d)a, (__m256d)b);
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16) {
+    if constexpr (sizeof(T) == 4) return (V)_mm_max_ps((__m128)a, (__m128)b);
+    else return (V)_mm_max_pd((__m128d)a, (__m128d)b);
+  }
+#endif
+  return a > b ? a : b;
+}
+
 // tanh on a whole vector, for the Lq x Lk x hidden evaluations of additive attention.
 // float: Eigen's rational approximation (odd degree-13 / even degree-6 polynomial on
-// [-7.905, 7.905], where it reaches 1 in float; x itself below 4e-4): one division and
-// 11 multiply-adds, at most 3.3 ulp from tanh (measured densely on [-10, 10] and on a
-// log grid down to 1e-8). NaN propagates (the clamps are comparisons NaN fails).
+// [-7.905, 7.905], where it reaches 1 in float): one division and 11 multiply-adds, at most
+// 3.3 ulp from tanh (measured densely on [-10, 10] and on a log grid down to 1e-8; near 0
+// p/q is x * (1 - 1.3e-7), so Eigen's "x below 4e-4" branch is not needed). NaN propagates.
 // double: the expm1-based tanh_approx_vec of math-inl.h (a few ulp).
 template <typename T, typename V>
 inline V tanh_fast_vec(V x) {
   if constexpr (sizeof(T) == 4) {
     const V zero = V{};
     const V hi = zero + 7.90531110763549805f, lo = zero - 7.90531110763549805f;
-    V xc = x > hi ? hi : x;
-    xc = xc < lo ? lo : xc;
+    // min(hi, x) returns x when x is NaN, so NaN passes both clamps and propagates.
+    const V xc = vmax<T>(lo, vmin<T>(hi, x));
     const V x2 = xc * xc;
     V p = zero - 2.76076847742355e-16f;
     p = p * x2 + 2.00018790482477e-13f;
@@ -34,8 +86,7 @@ inline V tanh_fast_vec(V x) {
     q = q * x2 + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
-    const V ax = x < zero ? -x : x;
-    return ax < 0.0004f ? x : p / q;
+    return p / q;
   } else {
     return tanh_approx_vec<T>(x);
   }

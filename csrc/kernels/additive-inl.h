@@ -2,9 +2,11 @@
 // ISA (additive_<isa>.cpp). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @ w_k):
 //   1. project every query row and key row once (O((Lq + Lk) * hidden) memory; the keys
 //      go into panels of one vector's width, hidden-major, so the score loop streams them);
+//      when every projection is moderate, replace each value x by e^(2x) (see
+//      AdditiveScores: tanh(a + b) then costs a multiply-add and half a division);
 //   2. run the blocked driver (family-inl.h): per (query-row tile, key vector) accumulate
-//      w_v[h] * tanh(qp[i, h] + kp[j, h]) over h with a vectorised tanh, never forming
-//      the Lq x Lk x hidden tensor; then online softmax (or hardmax/top-k) and P V.
+//      the hidden terms, never forming the Lq x Lk x hidden tensor; then online softmax
+//      (or hardmax/top-k) and P V.
 #pragma once  // per translation unit
 
 #include "kernels/activations-inl.h"
@@ -14,13 +16,35 @@ namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace family {
 
+// Bounds of the exponential path: |q w_q|, |k w_k| <= kMaxArg keeps e^(2x) and every
+// product of two of them finite and normal; |w_v| <= kMaxWeight keeps the paired sums finite.
 template <typename T>
+struct AdditiveLimits;
+template <>
+struct AdditiveLimits<float> {
+  static constexpr float kMaxArg = 40.0f, kMaxWeight = 1e20f, kBig = 1e12f;
+};
+template <>
+struct AdditiveLimits<double> {
+  static constexpr double kMaxArg = 300.0, kMaxWeight = 1e200, kBig = 1e30;
+};
+
+// Scores from the projections. kExp (the usual case, see additive_attention): the buffers
+// hold A = e^(2 qp) and B = e^(2 kp), and
+//   w . tanh(a + b) = sum_h w_h (1 - 2 / (A_h B_h + 1)) = W - sum_h 2 w_h / d_h,
+// one multiply-add and a division per term instead of a whole tanh; two terms share one
+// division, c0 / d0 + c1 / d1 = (c0 d1 + c1 d0) / (d0 d1), with d capped at kBig (where
+// 2 w / d is below the rounding of the sum) so the products stay finite. The absolute error
+// of each term is a few ulp of w_h, as with a direct tanh. Otherwise (huge or non-finite
+// projections) the buffers hold qp and kp and each term is w_h * tanh_fast_vec(a + b).
+template <typename T, bool kExp>
 struct AdditiveScores {
   struct Shared {
     const T* qp = nullptr;  // (batch, Hq, Lq, hidden)
     const T* kp = nullptr;  // (batch, Hkv) panels: [key / L][hidden][key % L]
     int64_t kp_stride = 0;  // elements per (batch, kv head)
-    const T* w_v = nullptr;
+    const T* w = nullptr;   // kExp: 2 w_v; else w_v
+    T w_sum = 0;            // kExp: sum of w_v
   };
   const FamilyParams& p;
   const Shared& sh;
@@ -36,39 +60,94 @@ struct AdditiveScores {
     kp = sh.kp + (t.b * p.num_heads_kv + t.hk) * sh.kp_stride;
   }
 
+  // acc[rr] (rows q0 + rr * H) for the key vector whose panel is `panel`.
+  template <int RT>
+  void column(const T* q0, const T* panel, typename VecOf<T>::type* acc) const {
+    using V = typename VecOf<T>::type;
+    constexpr int L = kLanes<T>;
+    const int64_t H = p.hidden;
+    const T* w = sh.w;
+    if constexpr (kExp) {
+      const V one = V{} + T(1), big = V{} + AdditiveLimits<T>::kBig;
+      int64_t h = 0;
+      for (; h + 2 <= H; h += 2) {
+        const V k0 = vload(panel + h * L), k1 = vload(panel + (h + 1) * L);
+        const T c0 = w[h], c1 = w[h + 1];
+        for (int rr = 0; rr < RT; ++rr) {
+          const V d0 = vmin<T>(q0[rr * H + h] * k0 + one, big);
+          const V d1 = vmin<T>(q0[rr * H + h + 1] * k1 + one, big);
+          acc[rr] += (c0 * d1 + c1 * d0) / (d0 * d1);
+        }
+      }
+      if (h < H) {
+        const V k0 = vload(panel + h * L);
+        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] / vmin<T>(q0[rr * H + h] * k0 + one, big);
+      }
+      for (int rr = 0; rr < RT; ++rr) acc[rr] = sh.w_sum - acc[rr];
+    } else {
+      for (int64_t h = 0; h < H; ++h) {
+        const V kv = vload(panel + h * L);
+        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] * tanh_fast_vec<T>(q0[rr * H + h] + kv);
+      }
+    }
+  }
+
   // kb is a multiple of the column tile (the driver aligns it), so column c of the block
   // starts panel (kb + c) / L.
   void block(const Task<T>& t, int64_t kb, int64_t, int64_t ncols, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int RT = kRowTile, L = kLanes<T>;
     const int64_t H = p.hidden;
-    const T* wv = sh.w_v;
     int64_t r = 0;
     for (; r + RT <= t.nrows; r += RT) {
-      const T* q0 = qp + r * H;
       for (int64_t c = 0; c < ncols; c += L) {
-        const T* panel = kp + (kb + c) / L * H * L;
         V acc[RT] = {};
-        for (int64_t h = 0; h < H; ++h) {
-          const V kv = vload(panel + h * L);
-          const T w = wv[h];
-          for (int rr = 0; rr < RT; ++rr)
-            acc[rr] += w * tanh_fast_vec<T>(q0[rr * H + h] + kv);
-        }
+        column<RT>(qp + r * H, kp + (kb + c) / L * H * L, acc);
         for (int rr = 0; rr < RT; ++rr) vstore(s + (r + rr) * ld + c, acc[rr]);
       }
     }
     for (; r < t.nrows; ++r) {
-      const T* q0 = qp + r * H;
       for (int64_t c = 0; c < ncols; c += L) {
-        const T* panel = kp + (kb + c) / L * H * L;
-        V acc = {};
-        for (int64_t h = 0; h < H; ++h) acc += wv[h] * tanh_fast_vec<T>(q0[h] + vload(panel + h * L));
-        vstore(s + r * ld + c, acc);
+        V acc[1] = {};
+        column<1>(qp + r * H, kp + (kb + c) / L * H * L, acc);
+        vstore(s + r * ld + c, acc[0]);
       }
     }
   }
 };
+
+// The driver for one score path and the call's normaliser.
+template <typename T, bool kExp>
+bool additive_run(const FamilyParams& p, const typename AdditiveScores<T, kExp>::Shared& sh) {
+  // The score loop dominates: small query blocks balance the threads; a key block of a few
+  // hundred keys keeps its panels (hidden x 256 values) in L2.
+  const int64_t block_q = 16, block_k = 256;
+  if (p.normalizer == Normalizer::kSelect)
+    return run_family<T, AdditiveScores<T, kExp>, SelectTopK<T>>(p, sh, block_q, block_k);
+  return run_family<T, AdditiveScores<T, kExp>, OnlineSoftmax<T>>(p, sh, block_q, block_k);
+}
+
+template <typename T>
+inline T* alloc_values(int64_t n) {
+  return static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(n, 1) * int64_t(sizeof(T)), 64))));
+}
+
+// e^(2 x) in place, x[0:n).
+template <typename T>
+inline void exp2x_inplace(T* x, int64_t n) {
+  constexpr int L = kLanes<T>;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) vstore(x + i, exp_approx_vec<T>(T(2) * vload(x + i)));
+  for (; i < n; ++i) x[i] = exp_approx(T(2) * x[i]);
+}
+
+// Whether every |x[0:n)| <= limit (false for NaN).
+template <typename T>
+inline bool all_within(const T* x, int64_t n, T limit) {
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) ok = ok && (x[i] <= limit && x[i] >= -limit);
+  return ok;
+}
 
 template <typename T>
 bool additive_attention(const FamilyParams& p) {
@@ -80,19 +159,20 @@ bool additive_attention(const FamilyParams& p) {
   const int64_t lk_pad = round_up(imax(Lk, 1), kColTile<T>);
   const int64_t q_rows = batch * p.num_heads_q * Lq;
   const int64_t k_rows = batch * p.num_heads_kv * lk_pad;
-  typename AdditiveScores<T>::Shared sh;
-  sh.kp_stride = lk_pad * H;
-  sh.w_v = static_cast<const T*>(p.w_v);
-  T* qp = static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(q_rows * H, 1) * int64_t(sizeof(T)), 64))));
-  T* kp = static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(k_rows * H, 1) * int64_t(sizeof(T)), 64))));
-  bool ok = qp && kp;
+  const int64_t kp_stride = lk_pad * H;
+  T* qp = alloc_values<T>(q_rows * H);
+  T* kp = alloc_values<T>(k_rows * H);
+  T* w2 = alloc_values<T>(H);
+  bool ok = qp && kp && w2;
+  bool in_range = true;
   if (ok) {
     const T* wq = static_cast<const T*>(p.w_q);
     const T* wk = static_cast<const T*>(p.w_k);
     const int threads = int(imax(1, imin(p.num_threads, (q_rows + k_rows + 63) / 64)));
+    const int64_t chunk = 4096;  // values per range-check / exp chunk
 #pragma omp parallel num_threads(threads)
     {
-      T* row = static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(H, 1) * int64_t(sizeof(T)), 64))));
+      T* row = alloc_values<T>(H);
       if (!row) {
 #pragma omp atomic write
         ok = false;
@@ -114,7 +194,7 @@ bool additive_attention(const FamilyParams& p) {
       for (int64_t r = 0; r < k_rows; ++r) {
         if (!row) continue;
         const int64_t j = r % lk_pad, bh = r / lk_pad, h = bh % p.num_heads_kv;
-        T* panel = kp + bh * sh.kp_stride + j / L * H * L + j % L;
+        T* panel = kp + bh * kp_stride + j / L * H * L + j % L;
         if (j >= Lk) {
           for (int64_t c = 0; c < H; ++c) panel[c * L] = T(0);
           continue;
@@ -130,21 +210,60 @@ bool additive_attention(const FamilyParams& p) {
         for (int64_t c = 0; c < H; ++c) panel[c * L] = row[c];
       }
       std::free(row);
+      // The exponential path needs every projection within AdditiveLimits (an AND, so
+      // the decision does not depend on the thread count).
+      const T lim = AdditiveLimits<T>::kMaxArg;
+#pragma omp for schedule(static) reduction(&& : in_range)
+      for (int64_t c = 0; c < (q_rows * H + k_rows * H + chunk - 1) / chunk; ++c) {
+        const int64_t lo = c * chunk, hi = imin(lo + chunk, q_rows * H + k_rows * H);
+        const int64_t qa = imin(lo, q_rows * H), qb = imin(hi, q_rows * H);
+        in_range = in_range && all_within(qp + qa, qb - qa, lim) &&
+                   all_within(kp + imax(lo - q_rows * H, 0),
+                              imax(hi - q_rows * H, 0) - imax(lo - q_rows * H, 0), lim);
+      }
+      // (the reduction's result is visible to every thread after the loop's barrier)
+      const T* wv = static_cast<const T*>(p.w_v);
+      const bool use_exp = in_range && all_within(wv, H, AdditiveLimits<T>::kMaxWeight);
+      if (use_exp) {
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < (q_rows * H + k_rows * H + chunk - 1) / chunk; ++c) {
+          const int64_t lo = c * chunk, hi = imin(lo + chunk, q_rows * H + k_rows * H);
+          const int64_t qa = imin(lo, q_rows * H), qb = imin(hi, q_rows * H);
+          exp2x_inplace(qp + qa, qb - qa);
+          exp2x_inplace(kp + imax(lo - q_rows * H, 0),
+                        imax(hi - q_rows * H, 0) - imax(lo - q_rows * H, 0));
+        }
+      }
     }
   }
   if (ok) {
-    sh.qp = qp;
-    sh.kp = kp;
-    // The tanh loop dominates: small query blocks balance the threads; a key block of a
-    // few hundred keys keeps its panels (hidden x 256 values) in L2.
-    const int64_t block_q = 16, block_k = 256;
-    if (p.normalizer == Normalizer::kSelect)
-      ok = run_family<T, AdditiveScores<T>, SelectTopK<T>>(p, sh, block_q, block_k);
-    else
-      ok = run_family<T, AdditiveScores<T>, OnlineSoftmax<T>>(p, sh, block_q, block_k);
+    const T* wv = static_cast<const T*>(p.w_v);
+    const bool use_exp = in_range && all_within(wv, H, AdditiveLimits<T>::kMaxWeight);
+    T w_sum = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      w2[h] = use_exp ? T(2) * wv[h] : wv[h];
+      w_sum += wv[h];
+    }
+    if (use_exp) {
+      typename AdditiveScores<T, true>::Shared sh;
+      sh.qp = qp;
+      sh.kp = kp;
+      sh.kp_stride = kp_stride;
+      sh.w = w2;
+      sh.w_sum = w_sum;
+      ok = additive_run<T, true>(p, sh);
+    } else {
+      typename AdditiveScores<T, false>::Shared sh;
+      sh.qp = qp;
+      sh.kp = kp;
+      sh.kp_stride = kp_stride;
+      sh.w = w2;
+      ok = additive_run<T, false>(p, sh);
+    }
   }
   std::free(qp);
   std::free(kp);
+  std::free(w2);
   return ok;
 }
 

@@ -1,0 +1,50 @@
+// Entry points of the attention family: masked softmax, additive attention, hardmax/top-k
+// attention, Nadaraya-Watson kernel regression, and the row projection used by the
+// "general" score. Each checks the invariants the Python layer established (cheaply),
+// fills its params struct and runs the active ISA's kernel. Throws std::invalid_argument
+// on a broken invariant and std::bad_alloc when scratch cannot be had. Call without the GIL.
+#pragma once
+
+#include <cstdint>
+
+#include "api/array_ref.h"
+
+namespace fastattn {
+
+// x/out: (rows..., len) with the softmax axis last (any strides); mask: bool of the same
+// shape (broadcast views fine); valid_lens: int64 (rows...).
+struct MaskedSoftmaxCall {
+  ArrayRef x, out, mask, valid_lens;
+  int num_threads = 1;
+};
+void masked_softmax(const MaskedSoftmaxCall& call);
+
+// query/key/value/out: (batch..., H, L, D) with equal batch dims (broadcast views fine);
+// masks (batch..., Hq, Lq, Lk); valid_lens (batch..., Hq, Lq) int64; weights C-contiguous
+// (batch..., Hq, Lq, Lk). Additive: w_q (Dq, hidden), w_k (Dk, hidden), w_v (hidden,),
+// C-contiguous. Kernel regression: bandwidth float64 (batch...).
+struct FamilyCall {
+  ArrayRef query, key, value, out, bool_mask, float_mask, valid_lens, weights;
+  ArrayRef w_q, w_k, w_v, bandwidth;
+  double scale = 1.0;
+  bool causal = false;
+  int64_t diag_offset = 0;
+  int64_t window_left = -1, window_right = -1;
+  int normalizer = 0;  // Normalizer in api/family_params.h
+  int64_t top_k = 1;
+  bool hardmax = false;
+  int kernel = 0;      // RegressionKernel in api/family_params.h
+  int num_threads = 1;
+};
+void additive_attention(const FamilyCall& call);
+void select_attention(const FamilyCall& call);
+void nadaraya_watson(const FamilyCall& call);
+
+// out (rows, dim_out) = x (rows, dim_in) @ w (dim_in, dim_out); x with unit column stride.
+struct ProjectCall {
+  ArrayRef x, w, out;
+  int num_threads = 1;
+};
+void project(const ProjectCall& call);
+
+}  // namespace fastattn

@@ -1,0 +1,221 @@
+// Masked softmax over one axis (d2l's masked_softmax, generalised), compiled once per ISA
+// (masked_softmax_<isa>.cpp). Memory-bound, so one read of x from memory per row: pass 1
+// takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
+// it while the row is in L1, pass 3 scales the row by 1/sum in place. A row whose kept
+// entries are all -inf (or that keeps nothing) is all zeros; a NaN or +inf among the kept
+// entries makes the whole row NaN. Entries past the row's valid length are never read.
+// Rows are split across threads in fixed chunks; each row is one thread's, start to finish.
+#pragma once  // per translation unit
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "api/family_params.h"
+#include "kernels/math-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+namespace softmax {
+
+template <typename T>
+constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
+template <typename T>
+constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
+
+template <typename T>
+struct Vec {
+  typedef T type __attribute__((vector_size(kVecBytes<T>)));
+  typedef typename ExpTraits<T>::Bits Bits;
+  typedef Bits mask __attribute__((vector_size(kVecBytes<T>)));  // lane masks
+  typedef uint8_t bytes __attribute__((vector_size(kLanes<T>)));  // one bool per lane
+};
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+template <typename T>
+inline typename Vec<T>::type vload(const T* p) {
+  typename Vec<T>::type v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+inline void vstore(T* p, typename Vec<T>::type v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+// Lanes whose mask byte is nonzero.
+template <typename T>
+inline typename Vec<T>::mask vkeep(const uint8_t* m) {
+  typename Vec<T>::bytes b;
+  __builtin_memcpy(&b, m, sizeof b);
+  return __builtin_convertvector(b, typename Vec<T>::mask) != 0;
+}
+
+// One row: x[0:n) (x already gathered to unit stride), keep mask m (null = keep all),
+// entries [0, ne) may be kept (ne = the valid length), o[0:n) written.
+template <typename T>
+void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
+  using V = typename Vec<T>::type;
+  constexpr int L = kLanes<T>;
+  constexpr T kNegInf = -T(__builtin_inf());
+  const V ninf = V{} + kNegInf;
+  const int64_t nv = ne / L * L;
+
+  V vmax = ninf;
+  if (m) {
+    for (int64_t j = 0; j < nv; j += L) {
+      const V xv = vkeep<T>(m + j) ? vload(x + j) : ninf;
+      vmax = (xv > vmax) | (xv != xv) ? xv : vmax;
+    }
+  } else {
+    for (int64_t j = 0; j < nv; j += L) {
+      const V xv = vload(x + j);
+      vmax = (xv > vmax) | (xv != xv) ? xv : vmax;
+    }
+  }
+  T mx = kNegInf;
+  for (int lane = 0; lane < L; ++lane) {
+    const T v = vmax[lane];
+    mx = (v > mx || v != v) ? v : mx;
+  }
+  for (int64_t j = nv; j < ne; ++j) {
+    const T v = (!m || m[j]) ? x[j] : kNegInf;
+    mx = (v > mx || v != v) ? v : mx;
+  }
+  if (mx == kNegInf) {  // nothing kept (or only -inf): all zeros
+    for (int64_t j = 0; j < n; ++j) o[j] = T(0);
+    return;
+  }
+
+  V vsum = V{};
+  const V zero = V{};
+  if (m) {
+    for (int64_t j = 0; j < nv; j += L) {
+      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      const V w = vkeep<T>(m + j) ? e : zero;
+      vstore(o + j, w);
+      vsum += w;
+    }
+  } else {
+    for (int64_t j = 0; j < nv; j += L) {
+      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      vstore(o + j, e);
+      vsum += e;
+    }
+  }
+  T sum = 0;
+  for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
+  for (int64_t j = nv; j < ne; ++j) {
+    const T e = (!m || m[j]) ? exp_approx(x[j] - mx) : T(0);
+    o[j] = e;
+    sum += e;
+  }
+
+  const T inv = T(1) / sum;  // NaN when a kept entry was NaN or +inf: the whole row NaN
+  for (int64_t j = 0; j < nv; j += L) vstore(o + j, vload(o + j) * inv);
+  for (int64_t j = nv; j < ne; ++j) o[j] *= inv;
+  for (int64_t j = ne; j < n; ++j) o[j] = T(0) * inv;
+}
+
+template <typename T>
+bool masked_softmax(const MaskedSoftmaxParams& p) {
+  const int64_t n = p.len, nd = p.row_ndim;
+  int64_t rows = 1;
+  for (int64_t d = 0; d < nd; ++d) rows *= p.row_shape[d];
+  if (rows == 0 || n == 0) return true;
+  // Chunks of about 16K entries: enough to amortise the scheduling, many per thread.
+  const int64_t chunk = imax(1, (int64_t(1) << 14) / n);
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  const int threads = int(imax(1, imin(p.num_threads, chunks)));
+  const bool x_unit = p.x.col_stride == 1, o_unit = p.out.col_stride == 1;
+  const bool m_unit = !p.mask.data || p.mask.col_stride == 1 || p.mask.col_stride == 0;
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    // Scratch for rows that are not unit-stride: gathered x, the row's output, its mask.
+    T* xbuf = nullptr;
+    T* obuf = nullptr;
+    uint8_t* mbuf = nullptr;
+    const size_t bytes = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
+    bool ok = true;
+    if (!x_unit) ok = ok && (xbuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
+    if (!o_unit) ok = ok && (obuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
+    if (!m_unit) ok = ok && (mbuf = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((n + 63) / 64 * 64))));
+    if (!ok) {
+#pragma omp atomic write
+      failed = true;
+    }
+    int64_t coord[kMaxRowDims];
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (!ok) continue;
+      const int64_t r0 = c * chunk, r1 = imin(rows, r0 + chunk);
+      int64_t xo = 0, oo = 0, mo = 0, vo = 0;  // element offsets of row r
+      for (int64_t d = nd - 1, rest = r0; d >= 0; --d) {
+        coord[d] = rest % p.row_shape[d];
+        rest /= p.row_shape[d];
+        xo += coord[d] * p.x.row_stride[d];
+        oo += coord[d] * p.out.row_stride[d];
+        mo += coord[d] * p.mask.row_stride[d];
+        vo += coord[d] * p.valid_lens.row_stride[d];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t ne = n;
+        if (p.valid_lens.data) ne = imax(0, imin(n, static_cast<const int64_t*>(p.valid_lens.data)[vo]));
+        const uint8_t* m = nullptr;
+        if (p.mask.data) {
+          const uint8_t* mr = static_cast<const uint8_t*>(p.mask.data) + mo;
+          const int64_t ms = p.mask.col_stride;
+          if (ms == 0) {
+            if (!mr[0]) ne = 0;  // one flag for the whole row
+          } else if (ms == 1) {
+            m = mr;
+          } else {
+            for (int64_t j = 0; j < ne; ++j) mbuf[j] = mr[j * ms];
+            m = mbuf;
+          }
+        }
+        const T* xr = static_cast<const T*>(p.x.data) + xo;
+        if (!x_unit) {
+          for (int64_t j = 0; j < ne; ++j) xbuf[j] = xr[j * p.x.col_stride];
+          xr = xbuf;
+        }
+        T* outr = static_cast<T*>(const_cast<void*>(p.out.data)) + oo;
+        softmax_row<T>(xr, m, n, ne, o_unit ? outr : obuf);
+        if (!o_unit)
+          for (int64_t j = 0; j < n; ++j) outr[j * p.out.col_stride] = obuf[j];
+        // Next row: odometer over the row axes.
+        for (int64_t d = nd - 1; d >= 0; --d) {
+          xo += p.x.row_stride[d];
+          oo += p.out.row_stride[d];
+          mo += p.mask.row_stride[d];
+          vo += p.valid_lens.row_stride[d];
+          if (++coord[d] < p.row_shape[d]) break;
+          xo -= p.x.row_stride[d] * p.row_shape[d];
+          oo -= p.out.row_stride[d] * p.row_shape[d];
+          mo -= p.mask.row_stride[d] * p.row_shape[d];
+          vo -= p.valid_lens.row_stride[d] * p.row_shape[d];
+          coord[d] = 0;
+        }
+      }
+    }
+    std::free(xbuf);
+    std::free(obuf);
+    std::free(mbuf);
+  }
+  return !failed;
+}
+
+}  // namespace softmax
+
+bool masked_softmax_f32(const MaskedSoftmaxParams& params) {
+  return softmax::masked_softmax<float>(params);
+}
+bool masked_softmax_f64(const MaskedSoftmaxParams& params) {
+  return softmax::masked_softmax<double>(params);
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

@@ -1,0 +1,207 @@
+// Nadaraya-Watson kernel regression as attention pooling, compiled once per ISA
+// (nadaraya_watson_<isa>.cpp). Scores are squared distances d2 = ||x_q - x_k||^2 between
+// the query and key features (computed as differences, never through the dot-product
+// expansion, so nearby points keep their precision):
+//   gaussian: s = -d2 / (2 h^2), online softmax (family-inl.h) -- never 0/0 while keys exist;
+//   boxcar / triangular / epanechnikov: weights K(u), u = sqrt(d2) / h, summed directly;
+//   a query with no key inside the support gets 0/0 = NaN (the estimator is undefined).
+// One bandwidth h per batch entry (a float64 array broadcast over the batch).
+#pragma once  // per translation unit
+
+#include "kernels/family-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+namespace family {
+
+inline double task_bandwidth(const FamilyParams& p, const int64_t* coord) {
+  return static_cast<const double*>(p.bandwidth.data)[batch_offset(p.bandwidth.batch_stride,
+                                                                  coord, p.batch_ndim)];
+}
+
+// Lane-wise square root of d2 >= 0 (one sqrt instruction per lane; libm is reached only
+// for a NaN, to set errno).
+template <typename T, typename V>
+inline V vsqrt(V x) {
+  V r;
+  for (int i = 0; i < kLanes<T>; ++i) r[i] = __builtin_sqrt(x[i]);
+  return r;
+}
+template <typename V>
+inline V vsqrt_f32(V x) {
+  V r;
+  for (int i = 0; i < kLanes<float>; ++i) r[i] = __builtin_sqrtf(x[i]);
+  return r;
+}
+
+// s = c * ||q_i - k_j||^2 with c = -1 / (2 h^2) (gaussian) or -1 (compact kernels, which
+// read d2 back as -s). Masked keys become -inf, i.e. d2 = +inf: outside every support.
+template <typename T>
+struct DistanceScores {
+  struct Shared {};
+  const FamilyParams& p;
+  T* q = nullptr;
+  T* kt = nullptr;
+  T c = T(-1);
+
+  DistanceScores(const FamilyParams& params, const Shared&) : p(params) {}
+
+  void layout(Arena& a, int64_t block_q, int64_t ld) {
+    q = a.take<T>(block_q * imax(p.dim_q, 1));
+    kt = a.take<T>(imax(p.dim_q, 1) * ld);
+  }
+
+  void begin(const Task<T>& t) {
+    const double h = task_bandwidth(p, t.coord);
+    c = p.kernel == RegressionKernel::kGaussian ? T(-0.5 / (h * h)) : T(-1);
+    const int64_t D = p.dim_q;
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const T* qr = t.q + (t.i0 + r) * p.q.row_stride;
+      for (int64_t e = 0; e < D; ++e) q[r * D + e] = qr[e];
+    }
+  }
+
+  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+    using V = typename VecOf<T>::type;
+    constexpr int L = kLanes<T>;
+    const int64_t D = p.dim_q;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kr = t.k + (kb + j) * p.k.row_stride;
+      for (int64_t e = 0; e < D; ++e) kt[e * ld + j] = kr[e];
+    }
+    for (int64_t e = 0; e < D; ++e)
+      for (int64_t j = n; j < ncols; ++j) kt[e * ld + j] = T(0);
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const T* qr = q + r * D;
+      for (int64_t col = 0; col < ncols; col += L) {
+        V acc = {};
+        for (int64_t e = 0; e < D; ++e) {
+          const V d = qr[e] - vload(kt + e * ld + col);
+          acc += d * d;
+        }
+        vstore(s + r * ld + col, c * acc);
+      }
+    }
+  }
+};
+
+// Gaussian kernel: the online softmax, with NaN (0/0) for a query when there are no keys.
+template <typename T>
+struct RegressionSoftmax : OnlineSoftmax<T> {
+  explicit RegressionSoftmax(const FamilyParams& params)
+      : OnlineSoftmax<T>(params, quiet_nan<T>()) {}
+};
+
+// Compact kernels: w = K(u) with u^2 = d2 / h^2, sums of w and of w * y, one division.
+template <typename T>
+struct KernelSum {
+  const FamilyParams& p;
+  T* l = nullptr;
+  T* acc = nullptr;
+  int64_t* zeros = nullptr;
+  T h2 = 1, inv_h = 1, inv_h2 = 1;
+
+  explicit KernelSum(const FamilyParams& params) : p(params) {}
+
+  void layout(Arena& a, int64_t block_q, int64_t) {
+    l = a.take<T>(block_q);
+    acc = a.take<T>(block_q * imax(p.dim_v, 1));
+    zeros = a.take<int64_t>(block_q);
+  }
+
+  void begin(const Task<T>& t) {
+    const double h = task_bandwidth(p, t.coord);
+    h2 = T(h * h);
+    inv_h = T(1.0 / h);
+    inv_h2 = T(1.0 / (h * h));
+    for (int64_t r = 0; r < t.nrows; ++r) l[r] = T(0);
+    std::memset(acc, 0, size_t(t.nrows * p.dim_v) * sizeof(T));
+  }
+
+  // Comparisons that NaN fails: a NaN distance is outside the support (weight 0).
+  template <typename V>
+  V weigh(V d2) const {
+    const V zero = V{}, one = zero + T(1);
+    switch (p.kernel) {
+      case RegressionKernel::kBoxcar:
+        return d2 <= h2 ? one : zero;
+      case RegressionKernel::kTriangular: {
+        V root;
+        if constexpr (sizeof(T) == 4)
+          root = vsqrt_f32(d2);
+        else
+          root = vsqrt<T>(d2);
+        const V u = root * inv_h;
+        return u <= T(1) ? one - u : zero;
+      }
+      default: {  // epanechnikov
+        const V u2 = d2 * inv_h2;
+        return u2 <= T(1) ? T(0.75) * (one - u2) : zero;
+      }
+    }
+  }
+
+  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+    using V = typename VecOf<T>::type;
+    constexpr int L = kLanes<T>;
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      T* sr = s + r * ld;
+      if (!t.active[r]) {
+        for (int64_t j = 0; j < ncols; ++j) sr[j] = T(0);
+        zeros[r] = n;
+        continue;
+      }
+      V vsum = V{}, vzeros = V{};
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V w = weigh(-vload(sr + j));
+        vstore(sr + j, w);
+        vsum += w;
+        vzeros += w == T(0) ? V{} + T(1) : V{};
+      }
+      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);
+      l[r] += lane_sum<T>(vsum);
+      if (t.weights)
+        std::memcpy(t.weights + (t.i0 + r) * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
+                    size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
+    }
+    accumulate_pv(s, ld, t.nrows, n, zeros, t.v + kb * p.v.row_stride, p.v.row_stride, p.dim_v,
+                  acc);
+  }
+
+  void finish(const Task<T>& t) {
+    for (int64_t r = 0; r < t.nrows; ++r) {
+      const int64_t i = t.i0 + r;
+      T* o = t.out + i * p.out.row_stride;
+      const bool undefined = !(l[r] > T(0));
+      const T inv = undefined ? quiet_nan<T>() : T(1) / l[r];
+      const T* a = acc + r * p.dim_v;
+      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = undefined ? quiet_nan<T>() : a[c] * inv;
+      if (t.weights) {
+        T* w = t.weights + i * p.len_k;
+        for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = undefined ? quiet_nan<T>() : w[j] * inv;
+      }
+    }
+  }
+};
+
+template <typename T>
+bool nadaraya_watson(const FamilyParams& p) {
+  const int64_t keys = 32 * 1024 / (imax(p.dim_q, 1) * int64_t(sizeof(T)));
+  const int64_t block_k = imax(kColTile<T>, imin(512, keys / kColTile<T> * kColTile<T>));
+  typename DistanceScores<T>::Shared sh;
+  if (p.kernel == RegressionKernel::kGaussian)
+    return run_family<T, DistanceScores<T>, RegressionSoftmax<T>>(p, sh, 64, block_k);
+  return run_family<T, DistanceScores<T>, KernelSum<T>>(p, sh, 64, block_k);
+}
+
+}  // namespace family
+
+bool nadaraya_watson_f32(const FamilyParams& params) {
+  return family::nadaraya_watson<float>(params);
+}
+bool nadaraya_watson_f64(const FamilyParams& params) {
+  return family::nadaraya_watson<double>(params);
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn
