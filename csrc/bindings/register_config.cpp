@@ -1,4 +1,5 @@
 #include <omp.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +16,28 @@ void register_config(py::module_& m) {
         "The ISA the kernels currently run with.");
   m.def("set_isa", &set_isa, py::arg("name"), "Select the kernels' ISA by name.");
   m.def("omp_max_threads", [] { return omp_get_max_threads(); });
+  m.def(
+      "exp2",
+      [](const py::array& x) -> py::array {
+        // The active ISA's softmax exp2 on a 1-D float32/float64 array (for tests).
+        if (x.ndim() != 1 || !(x.flags() & py::array::c_style))
+          throw py::value_error("x must be a contiguous 1-D array");
+        const KernelTable& k = active_kernels();
+        if (py::isinstance<py::array_t<float>>(x)) {
+          auto a = py::array_t<float>::ensure(x);
+          py::array_t<float> out(a.size());
+          k.exp2_f32(a.data(), out.mutable_data(), a.size());
+          return out;
+        }
+        if (py::isinstance<py::array_t<double>>(x)) {
+          auto a = py::array_t<double>::ensure(x);
+          py::array_t<double> out(a.size());
+          k.exp2_f64(a.data(), out.mutable_data(), a.size());
+          return out;
+        }
+        throw py::type_error("x must be float32 or float64");
+      },
+      py::arg("x"));
   m.attr("version") = FASTATTN_VERSION;
   m.attr("compiler") = FASTATTN_COMPILER;
   m.attr("openmp_version") = _OPENMP;

@@ -13,6 +13,7 @@ namespace {
 #define FASTATTN_KERNEL_TABLE(tag, ns)                                                      \
   {tag,                          #ns,                                                       \
    ns::sdpa_forward_f32,         ns::sdpa_forward_f64,                                      \
+   ns::exp2_f32,                 ns::exp2_f64,                                              \
    ns::masked_softmax_f32,       ns::masked_softmax_f64,                                    \
    ns::additive_attention_f32,   ns::additive_attention_f64,                                \
    ns::project_f32,              ns::project_f64,                                           \

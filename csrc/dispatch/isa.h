@@ -2,6 +2,7 @@
 // overridable with FASTATTN_ISA (applied by fastattn/__init__.py through set_isa).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct KernelTable {
   const char* name;
   bool (*sdpa_f32)(const SdpaParams&);
   bool (*sdpa_f64)(const SdpaParams&);
+  void (*exp2_f32)(const float*, float*, int64_t);  // the softmax's exp2, for tests
+  void (*exp2_f64)(const double*, double*, int64_t);
   // The attention family (csrc/kernels/family.h).
   bool (*masked_softmax_f32)(const MaskedSoftmaxParams&);
   bool (*masked_softmax_f64)(const MaskedSoftmaxParams&);

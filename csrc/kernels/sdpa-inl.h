@@ -710,6 +710,18 @@ bool sdpa_forward(const SdpaParams& p) {
   return !failed;
 }
 
+// The softmax's exp2 on an array (whole vectors, then one-lane tail), for the accuracy test.
+template <typename T>
+void exp2_array(const T* x, T* out, int64_t n) {
+  constexpr int L = SdpaTraits<T>::kLanes;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) vstore(out + i, exp2_approx_vec<T>(vload(x + i)));
+  for (; i < n; ++i) out[i] = exp2_approx(x[i]);
+}
+
+void exp2_f32(const float* x, float* out, int64_t n) { exp2_array(x, out, n); }
+void exp2_f64(const double* x, double* out, int64_t n) { exp2_array(x, out, n); }
+
 bool sdpa_forward_f32(const SdpaParams& params) { return sdpa_forward<float>(params); }
 bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double>(params); }
 

@@ -5,10 +5,12 @@
 
 #include "api/sdpa_params.h"
 
-#define FASTATTN_DECLARE_SDPA_KERNELS(isa)        \
-  namespace isa {                                 \
-  bool sdpa_forward_f32(const SdpaParams& params); \
-  bool sdpa_forward_f64(const SdpaParams& params); \
+#define FASTATTN_DECLARE_SDPA_KERNELS(isa)                        \
+  namespace isa {                                                 \
+  bool sdpa_forward_f32(const SdpaParams& params);                \
+  bool sdpa_forward_f64(const SdpaParams& params);                \
+  void exp2_f32(const float* x, float* out, int64_t n);            \
+  void exp2_f64(const double* x, double* out, int64_t n);          \
   }
 
 namespace fastattn {
