@@ -137,6 +137,7 @@ void scaled_dot_product_attention(const SdpaCall& c) {
   p.window_left = c.window_left;
   p.window_right = c.window_right;
   p.num_threads = c.num_threads;
+  p.l1_bytes = l1_data_cache_bytes();
 
   const KernelTable& kernels = active_kernels();
   const bool ok = itemsize == 4 ? kernels.sdpa_f32(p) : kernels.sdpa_f64(p);

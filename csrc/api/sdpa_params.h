@@ -51,6 +51,7 @@ struct SdpaParams {
   int64_t window_left = -1, window_right = -1;
 
   int num_threads = 1;
+  int64_t l1_bytes = 32 * 1024;  // L1 data cache of this CPU (sizes the key blocks)
 };
 
 }  // namespace fastattn

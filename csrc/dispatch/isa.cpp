@@ -1,5 +1,7 @@
 #include "dispatch/isa.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <stdexcept>
 
@@ -77,6 +79,17 @@ std::vector<std::string> available_isas() {
   for (const auto& t : kTables)
     if (cpu_supports(t.isa)) names.push_back(t.name);
   return names;
+}
+
+int64_t l1_data_cache_bytes() {
+  static const int64_t bytes = [] {
+    long n = -1;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+    n = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    return n >= 4096 && n <= (4 << 20) ? int64_t(n) : int64_t(32 * 1024);
+  }();
+  return bytes;
 }
 
 const KernelTable& active_kernels() { return kTables[active_index().load()]; }

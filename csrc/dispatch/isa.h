@@ -39,6 +39,8 @@ std::vector<std::string> available_isas();
 std::vector<std::string> compiled_isas();
 // The table in use (the best available, unless set_isa chose another).
 const KernelTable& active_kernels();
+// The L1 data cache size in bytes (sysconf; 32 KiB when the OS does not say), read once.
+int64_t l1_data_cache_bytes();
 // Select by name; throws std::invalid_argument naming the choices if unknown/unavailable.
 void set_isa(const std::string& name);
 

@@ -28,7 +28,6 @@ struct SdpaTraits {
   static constexpr int kLanes = fastattn::FASTATTN_ISA_NS::kLanes<T>;
   static constexpr int kRowTile = 4;            // query rows per register tile
   static constexpr int kColTile = 2 * kLanes;   // columns per register tile (2 vectors)
-  static constexpr int64_t kKtBytes = 64 * 1024;  // packed K^T block: about L1-sized
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
@@ -38,11 +37,12 @@ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 
-// Keys per block: the packed K^T block (head_dim x keys) stays about L1-sized.
+// Keys per block: the packed K^T block (head_dim x keys) takes about twice the L1 data
+// cache (its panels stream through L1 one column tile at a time; measured best here).
 template <typename T>
-inline int64_t key_block_size(int64_t head_dim) {
+inline int64_t key_block_size(int64_t head_dim, int64_t l1_bytes) {
   using Tr = SdpaTraits<T>;
-  const int64_t keys = Tr::kKtBytes / (head_dim * int64_t(sizeof(T)));
+  const int64_t keys = 2 * l1_bytes / (head_dim * int64_t(sizeof(T)));
   return imax(Tr::kColTile, imin(512, keys / Tr::kColTile * Tr::kColTile));
 }
 
@@ -648,7 +648,7 @@ bool sdpa_forward(const SdpaParams& p) {
   Plan<T> plan;
   plan.p = &p;
   plan.group = p.num_heads_q / p.num_heads_kv;
-  plan.block_k = key_block_size<T>(imax(p.head_dim, 1));
+  plan.block_k = key_block_size<T>(imax(p.head_dim, 1), p.l1_bytes);
   // About 256 rows per task, fewer when that leaves threads idle (see Plan).
   plan.block_q = imax(1, imin(p.len_q, 256 / plan.group));
   const int64_t heads = batch * p.num_heads_kv;
