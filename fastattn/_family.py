@@ -309,7 +309,8 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
 
     dtype = args.compute_dtype
     if spec.score == "cosine":
-        q, k = (unit_rows(a).astype(dtype) for a in (args.query, args.key))
+        q, k = (kernel_ready(unit_rows(a).astype(dtype), dtype)
+                for a in (args.query, args.key))
     else:
         q, k = (kernel_ready(a, dtype) for a in (args.query, args.key))
     if spec.score == "general":

@@ -99,7 +99,7 @@ struct KernelSum {
   T* l = nullptr;
   T* acc = nullptr;
   int64_t* zeros = nullptr;
-  T h2 = 1, inv_h = 1, inv_h2 = 1;
+  T h = 1, h2 = 1;
 
   explicit KernelSum(const FamilyParams& params) : p(params) {}
 
@@ -110,15 +110,15 @@ struct KernelSum {
   }
 
   void begin(const Task<T>& t) {
-    const double h = task_bandwidth(p, t.coord);
-    h2 = T(h * h);
-    inv_h = T(1.0 / h);
-    inv_h2 = T(1.0 / (h * h));
+    const double bw = task_bandwidth(p, t.coord);
+    h = T(bw);
+    h2 = T(bw * bw);
     for (int64_t r = 0; r < t.nrows; ++r) l[r] = T(0);
     std::memset(acc, 0, size_t(t.nrows * p.dim_v) * sizeof(T));
   }
 
-  // Comparisons that NaN fails: a NaN distance is outside the support (weight 0).
+  // Comparisons that NaN fails: a NaN distance is outside the support (weight 0). Divided,
+  // not multiplied by 1/h: a key exactly at the edge (d2 == h^2) gets u == 1, weight 0.
   template <typename V>
   V weigh(V d2) const {
     const V zero = V{}, one = zero + T(1);
@@ -131,11 +131,11 @@ struct KernelSum {
           root = vsqrt_f32(d2);
         else
           root = vsqrt<T>(d2);
-        const V u = root * inv_h;
+        const V u = root / h;
         return u <= T(1) ? one - u : zero;
       }
       default: {  // epanechnikov
-        const V u2 = d2 * inv_h2;
+        const V u2 = d2 / h2;
         return u2 <= T(1) ? T(0.75) * (one - u2) : zero;
       }
     }
