@@ -30,3 +30,67 @@ def sdpa(
     window_right: int,
     num_threads: int,
 ) -> None: ...
+
+# The attention family (csrc/bindings/register_family.cpp; see fastattn/_family.py).
+def masked_softmax(
+    x: NDArray[np.floating],
+    out: NDArray[np.floating],
+    mask: NDArray[np.bool_] | None,
+    valid_lens: NDArray[np.int64] | None,
+    num_threads: int,
+) -> None: ...
+def additive(
+    query: NDArray[np.floating],
+    key: NDArray[np.floating],
+    value: NDArray[np.floating],
+    out: NDArray[np.floating],
+    bool_mask: NDArray[np.bool_] | None,
+    float_mask: NDArray[np.floating] | None,
+    valid_lens: NDArray[np.int64] | None,
+    weights: NDArray[np.floating] | None,
+    w_q: NDArray[np.floating],
+    w_k: NDArray[np.floating],
+    w_v: NDArray[np.floating],
+    causal: bool,
+    diag_offset: int,
+    window_left: int,
+    window_right: int,
+    normalizer: int,
+    top_k: int,
+    hardmax: bool,
+    num_threads: int,
+) -> None: ...
+def select(
+    query: NDArray[np.floating],
+    key: NDArray[np.floating],
+    value: NDArray[np.floating],
+    out: NDArray[np.floating],
+    bool_mask: NDArray[np.bool_] | None,
+    float_mask: NDArray[np.floating] | None,
+    valid_lens: NDArray[np.int64] | None,
+    weights: NDArray[np.floating] | None,
+    scale: float,
+    causal: bool,
+    diag_offset: int,
+    window_left: int,
+    window_right: int,
+    top_k: int,
+    hardmax: bool,
+    num_threads: int,
+) -> None: ...
+def nadaraya_watson(
+    x_query: NDArray[np.floating],
+    x_keys: NDArray[np.floating],
+    y_values: NDArray[np.floating],
+    out: NDArray[np.floating],
+    weights: NDArray[np.floating] | None,
+    bandwidth: NDArray[np.float64],
+    kernel: int,
+    num_threads: int,
+) -> None: ...
+def project(
+    x: NDArray[np.floating],
+    w: NDArray[np.floating],
+    out: NDArray[np.floating],
+    num_threads: int,
+) -> None: ...

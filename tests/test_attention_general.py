@@ -351,3 +351,14 @@ def test_out_aliasing_weight_rejected():
     w = np.zeros((2, 5, 4), np.float32)
     with pytest.raises(ValueError, match="out shares memory with weight"):
         attention(Q, K, V[..., :3], score="general", weight=w[0, :4, :], out=w[..., :3])
+
+
+def test_doctests():
+    """The examples in the family's docstrings run (fastattn.reference's are run by
+    tests/test_mha.py)."""
+    import doctest
+
+    import fastattn._family
+
+    result = doctest.testmod(fastattn._family, optionflags=doctest.ELLIPSIS, report=True)
+    assert result.attempted >= 6 and result.failed == 0

@@ -37,7 +37,7 @@ def cases(draw):
     lq = draw(st.integers(1, 40))
     lk = draw(st.one_of(st.integers(1, 3), st.integers(1, 80)))
     scalar_y = draw(st.booleans())
-    dy = draw(st.integers(1, 4))
+    dy = draw(st.one_of(st.integers(1, 4), st.integers(16, 24)))
     dtypes = tuple(draw(st.sampled_from(sorted(DTYPES))) for _ in range(3))
     bw = draw(st.sampled_from(["scalar", "array", "silverman"]))
     if grid:

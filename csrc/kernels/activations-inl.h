@@ -19,8 +19,10 @@ template <typename T, typename V>
 inline V vmin(V a, V b) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
-    if constexpr (sizeof(T) == 4) return (V)_mm512_min_ps((__m512)a, (__m512)b);
-    else return (V)_mm512_min_pd((__m512d)a, (__m512d)b);
+    // maskz with every lane set: the plain instruction, without the unmasked form's
+    // "undefined" source operand (which GCC 12 warns about).
+    if constexpr (sizeof(T) == 4) return (V)_mm512_maskz_min_ps(__mmask16(-1), (__m512)a, (__m512)b);
+    else return (V)_mm512_maskz_min_pd(__mmask8(-1), (__m512d)a, (__m512d)b);
   }
 #endif
 #if defined(__AVX__)
@@ -41,8 +43,10 @@ template <typename T, typename V>
 inline V vmax(V a, V b) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
-    if constexpr (sizeof(T) == 4) return (V)_mm512_max_ps((__m512)a, (__m512)b);
-    else return (V)_mm512_max_pd((__m512d)a, (__m512d)b);
+    // maskz with every lane set: the plain instruction, without the unmasked form's
+    // "undefined" source operand (which GCC 12 warns about).
+    if constexpr (sizeof(T) == 4) return (V)_mm512_maskz_max_ps(__mmask16(-1), (__m512)a, (__m512)b);
+    else return (V)_mm512_maskz_max_pd(__mmask8(-1), (__m512d)a, (__m512d)b);
   }
 #endif
 #if defined(__AVX__)

@@ -362,16 +362,65 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
   }
 }
 
-// acc (nrows x dv) += P (nrows x n, row stride ld) V, register-tiled over row tiles whose
-// probabilities are all nonzero (zeros[r] == 0), zero-skipping elsewhere.
+// Whether v[0:n, 0:dv) is all finite (then 0 * v == 0 and zero-skipping is unnecessary).
 template <typename T>
-inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, const int64_t* zeros,
-                          const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
+inline bool block_finite(const T* v, int64_t n, int64_t v_row_stride, int64_t dv) {
+  bool ok = true;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vr = v + j * v_row_stride;
+    for (int64_t c = 0; c < dv; ++c) ok &= (vr[c] - vr[c] == T(0));  // false for inf, NaN
+  }
+  return ok;
+}
+
+// Values per row below which P V runs as dot products over the keys (the value block
+// transposed once per block) instead of register tiles over the value columns.
+template <typename T>
+constexpr int64_t kNarrowValues = 2 * kLanes<T>;
+
+// acc (nrows x dv) += P (nrows x ncols, row stride ld, zero past n) V. Wide values:
+// register tiles over row tiles whose probabilities are all nonzero (zeros[r] == 0) or whose
+// value block is finite (0 * v is then exactly 0); zero-skipping elsewhere, so that NaN
+// values of excluded keys never reach a row. Narrow values (dv < kNarrowValues): vt
+// (scratch, kNarrowValues x ld) receives V^T and each row is a few vectorised dot products.
+template <typename T>
+inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, int64_t ncols,
+                          const int64_t* zeros, const T* v, int64_t v_row_stride, int64_t dv,
+                          T* acc, T* vt) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  const bool finite = block_finite(v, n, v_row_stride, dv);
+  if (dv < kNarrowValues<T>) {
+    if (finite) {
+      for (int64_t c = 0; c < dv; ++c) {
+        for (int64_t j = 0; j < n; ++j) vt[c * ld + j] = v[j * v_row_stride + c];
+        for (int64_t j = n; j < ncols; ++j) vt[c * ld + j] = T(0);
+      }
+    }
+    for (int64_t r = 0; r < nrows; ++r) {
+      if (zeros[r] >= n) continue;  // nothing to add
+      const T* p = s + r * ld;
+      if (!finite) {
+        pv_row(p, n, v, v_row_stride, dv, acc + r * dv);
+        continue;
+      }
+      for (int64_t c = 0; c < dv; ++c) {
+        V a0 = {}, a1 = {};
+        const T* col = vt + c * ld;
+        for (int64_t j = 0; j < ncols; j += 2 * L) {
+          a0 += vload(p + j) * vload(col + j);
+          a1 += vload(p + j + L) * vload(col + j + L);
+        }
+        acc[r * dv + c] += lane_sum<T>(a0 + a1);
+      }
+    }
+    return;
+  }
   int64_t r = 0;
   for (; r + kRowTile <= nrows; r += kRowTile) {
     bool dense = true;
     for (int rr = 0; rr < kRowTile; ++rr) dense = dense && zeros[r + rr] == 0;
-    if (dense) {
+    if (dense || finite) {
       pv_tile(s + r * ld, ld, n, v, v_row_stride, dv, acc + r * dv, dv);
     } else {
       for (int rr = 0; rr < kRowTile; ++rr)
@@ -393,15 +442,17 @@ struct OnlineSoftmax {
   T* m = nullptr;
   T* l = nullptr;
   T* acc = nullptr;
+  T* vt = nullptr;
   int64_t* zeros = nullptr;
 
   explicit OnlineSoftmax(const FamilyParams& params, T empty_value = T(0))
       : p(params), empty(empty_value) {}
 
-  void layout(Arena& a, int64_t block_q, int64_t) {
+  void layout(Arena& a, int64_t block_q, int64_t ld) {
     m = a.take<T>(block_q);
     l = a.take<T>(block_q);
     acc = a.take<T>(block_q * imax(p.dim_v, 1));
+    vt = a.take<T>(kNarrowValues<T> * ld);
     zeros = a.take<int64_t>(block_q);
   }
 
@@ -458,8 +509,8 @@ struct OnlineSoftmax {
       l[r] += lane_sum<T>(vsum);
       m[r] = m_new;
     }
-    accumulate_pv(s, ld, t.nrows, n, zeros, t.v + kb * p.v.row_stride, p.v.row_stride, p.dim_v,
-                  acc);
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
+                  p.dim_v, acc, vt);
   }
 
   void finish(const Task<T>& t) {
@@ -552,11 +603,10 @@ struct SelectTopK {
     j[c] = key;
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+  void block(const Task<T>& t, int64_t kb, int64_t, int64_t, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int L = kLanes<T>;
     const T ninf = neg_inf<T>();
-    (void)ncols;
     for (int64_t r = 0; r < t.nrows; ++r) {
       if (!t.active[r] || nan[r]) continue;
       const T* sr = s + r * ld;

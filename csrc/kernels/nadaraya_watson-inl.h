@@ -98,14 +98,16 @@ struct KernelSum {
   const FamilyParams& p;
   T* l = nullptr;
   T* acc = nullptr;
+  T* vt = nullptr;
   int64_t* zeros = nullptr;
   T h = 1, h2 = 1;
 
   explicit KernelSum(const FamilyParams& params) : p(params) {}
 
-  void layout(Arena& a, int64_t block_q, int64_t) {
+  void layout(Arena& a, int64_t block_q, int64_t ld) {
     l = a.take<T>(block_q);
     acc = a.take<T>(block_q * imax(p.dim_v, 1));
+    vt = a.take<T>(kNarrowValues<T> * ld);
     zeros = a.take<int64_t>(block_q);
   }
 
@@ -164,8 +166,8 @@ struct KernelSum {
         std::memcpy(t.weights + (t.i0 + r) * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
     }
-    accumulate_pv(s, ld, t.nrows, n, zeros, t.v + kb * p.v.row_stride, p.v.row_stride, p.dim_v,
-                  acc);
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
+                  p.dim_v, acc, vt);
   }
 
   void finish(const Task<T>& t) {
