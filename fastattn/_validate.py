@@ -41,7 +41,8 @@ def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
 
 
 def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` in ``dtype``, native byte order, unit-stride last axis; copies only if needed."""
+    """``a`` in ``dtype``, native byte order, aligned, unit-stride last axis; copies only if
+    needed."""
     if a.dtype != dtype:  # also catches non-native byte order
         a = a.astype(dtype, order="K")
     if a.flags.c_contiguous and a.flags.aligned:
@@ -51,8 +52,16 @@ def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
         or any(s % a.itemsize for s in a.strides)
         or not a.flags.aligned
     ):
-        a = np.ascontiguousarray(a)
+        # A copy, not np.ascontiguousarray: that returns a contiguous but unaligned array
+        # as it is, and the kernels read whole elements through typed pointers.
+        a = a.copy(order="C")
     return a
+
+
+def aligned_contiguous(a, dtype: np.dtype) -> np.ndarray:
+    """``a`` as a C-contiguous, aligned array of ``dtype`` (copies only if needed)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return a if a.flags.aligned else a.copy()
 
 
 def with_leading_axes(a: np.ndarray, ndim: int) -> np.ndarray:

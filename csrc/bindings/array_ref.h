@@ -1,6 +1,9 @@
 // py::array <-> ArrayRef, shared by the register_*.cpp files.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -22,6 +25,10 @@ inline ArrayRef array_ref(const pybind11::object& obj, const char* name) {
   r.writeable = a.writeable();
   if (!a.dtype().attr("isnative").cast<bool>())
     throw pybind11::value_error(std::string(name) + " must be in native byte order");
+  // The kernels read whole elements through typed pointers: an unaligned one is undefined
+  // behaviour (the Python layer copies unaligned arrays; this catches one it missed).
+  if (a.size() > 0 && reinterpret_cast<std::uintptr_t>(a.data()) % a.itemsize() != 0)
+    throw pybind11::value_error(std::string(name) + " must be aligned to its item size");
   for (pybind11::ssize_t d = 0; d < a.ndim(); ++d) {
     r.shape.push_back(a.shape(d));
     r.strides.push_back(a.strides(d));

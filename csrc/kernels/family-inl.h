@@ -521,7 +521,13 @@ struct OnlineSoftmax {
       const T inv = is_empty ? T(0) : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
       for (int64_t c = 0; c < p.dim_v; ++c) o[c] = is_empty ? empty : a[c] * inv;
-      if (t.weights && t.lo[r] < t.hi[r]) {
+      // A NaN row (a NaN or +inf score, or a NaN `empty`) has NaN weights throughout, as
+      // the other kernels and the reference give them.
+      const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);
+      if (t.weights && nan_row) {
+        T* w = t.weights + i * p.len_k;
+        for (int64_t j = 0; j < p.len_k; ++j) w[j] = quiet_nan<T>();
+      } else if (t.weights && t.lo[r] < t.hi[r]) {
         T* w = t.weights + i * p.len_k;
         if (is_empty) {
           for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = T(0);

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Build fastattn with AddressSanitizer + UndefinedBehaviorSanitizer and run tests against it.
+#
+#   tools/sanitize.sh                 # the sanitizer subset (every kernel, every ISA here)
+#   tools/sanitize.sh --smoke         # a few minutes: one module per kernel family + the fuzz
+#   tools/sanitize.sh --all           # the whole test suite
+#   tools/sanitize.sh -- tests/x.py   # anything after "--" goes to pytest as is
+#
+# Everything lives in its own build directory (default build-asan/, ignored by git): the
+# CMake build tree (build-asan/cmake) and a virtual environment (build-asan/venv) with a
+# regular (non-editable) install of the instrumented extension, so it never touches a
+# development install. Rebuilds are incremental. Knobs (environment):
+#   FASTATTN_ASAN_DIR    build directory (default build-asan)
+#   CXX                  compiler (g++ or clang++; default g++)
+#   PYTHON               interpreter for the venv (default python3)
+#   FASTATTN_FUZZ_EXAMPLES  fuzz cases per function (default here: 150)
+#
+# Why the environment below: the Python interpreter is not instrumented, so the ASan runtime
+# must be loaded first (LD_PRELOAD); CPython keeps objects alive until exit on purpose, so
+# leak detection is off (tests/test_leaks.py measures fastattn's own memory instead);
+# allocator_may_return_null lets a huge scratch request fail into the library's bad_alloc
+# path as in production; every UBSan finding is fatal (-fno-sanitize-recover).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=default
+pytest_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --smoke) mode=smoke ;;
+    --all) mode=all ;;
+    --) shift; pytest_args=("$@"); mode=custom; break ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "tools/sanitize.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+dir=${FASTATTN_ASAN_DIR:-build-asan}
+venv="$dir/venv"
+cxx=${CXX:-g++}
+python=${PYTHON:-python3}
+start=$(date +%s)
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+fi
+"$venv/bin/pip" install -q scikit-build-core pybind11 numpy pytest hypothesis threadpoolctl \
+  pytest-benchmark matplotlib
+
+# -O2 -g (RelWithDebInfo): optimised like the release build, with line numbers in reports.
+san="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all"
+flags="$san -fno-omit-frame-pointer -D_GLIBCXX_ASSERTIONS"
+echo "+ building the sanitized extension in $dir/cmake ($cxx $flags)"
+CXX="$cxx" CXXFLAGS="$flags" LDFLAGS="$san" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-1} \
+  "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps . \
+  -Cbuild-dir="$dir/cmake" -Ccmake.build-type=RelWithDebInfo
+built=$(date +%s)
+
+# The ASan runtime goes first, and libstdc++ with it: python does not link libstdc++, and
+# ASan resolves the real __cxa_throw when it starts, so without the preload the first C++
+# exception thrown by any extension (pybind11's error translation) aborts in ASan's CHECK.
+if "$cxx" --version | grep -qi clang; then
+  runtime=$("$cxx" -print-file-name=libclang_rt.asan-x86_64.so)
+else
+  runtime=$("$cxx" -print-file-name=libasan.so)
+fi
+cxxlib=$("$cxx" -print-file-name=libstdc++.so)
+for lib in "$runtime" "$cxxlib"; do
+  if [[ ! -f "$lib" ]]; then
+    echo "tools/sanitize.sh: cannot find $lib (the ASan runtime and libstdc++)" >&2
+    exit 2
+  fi
+done
+
+case "$mode" in
+  smoke)
+    pytest_args=(tests/test_sdpa_semantics.py tests/test_masked_softmax.py
+                 tests/test_additive_attention.py tests/test_attention_general.py
+                 tests/test_nadaraya_watson.py tests/test_fuzz.py tests/test_edge_inputs.py) ;;
+  default)
+    pytest_args=(tests/test_sdpa_semantics.py tests/test_sdpa_properties.py
+                 tests/test_sdpa_errors.py tests/test_exp2.py tests/test_masked_softmax.py
+                 tests/test_additive_attention.py tests/test_attention_general.py
+                 tests/test_nadaraya_watson.py tests/test_mha.py tests/test_fuzz.py
+                 tests/test_edge_inputs.py tests/test_concurrency.py tests/test_large_index.py) ;;
+  all)
+    pytest_args=(tests) ;;
+esac
+# Only modules that exist in this checkout (a module may not have been written yet).
+existing=()
+for a in "${pytest_args[@]}"; do
+  if [[ "$a" == tests/*.py && ! -f "$a" ]]; then
+    echo "  (skipping $a: not in this checkout)"
+  else
+    existing+=("$a")
+  fi
+done
+
+export LD_PRELOAD="$runtime:$cxxlib${LD_PRELOAD:+:$LD_PRELOAD}"
+export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+export FASTATTN_FUZZ_EXAMPLES=${FASTATTN_FUZZ_EXAMPLES:-150}
+# The venv's pytest script (not `python -m pytest`, which would put the source tree first on
+# sys.path): `import fastattn` finds the instrumented install.
+echo "+ $venv/bin/pytest ${existing[*]}"
+status=0
+"$venv/bin/pytest" -q -p no:cacheprovider "${existing[@]}" || status=$?
+end=$(date +%s)
+echo "tools/sanitize.sh: build $((built - start)) s, tests $((end - built)) s, exit $status"
+exit $status
