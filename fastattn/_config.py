@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 
-from fastattn import _core, _threads
+from fastattn import _core, _cuda, _threads
 
 
 def config() -> dict:
@@ -21,11 +21,12 @@ def config() -> dict:
         "isas_available": ", ".join(_core.available_isas()),
         "isas_compiled": ", ".join(_core.compiled_isas()),
         "num_threads": str(_threads.get_num_threads()),
+        "cuda": _cuda.describe(),  # CuPy's version and the device, when it sees a GPU
     }
 
 
 def show_config(file=None) -> None:
-    """Print fastattn's version, ISA, threads, OpenMP and compiler.
+    """Print fastattn's version, ISA, threads, OpenMP, compiler and the CUDA path.
 
     >>> import fastattn
     >>> fastattn.show_config()  # doctest: +ELLIPSIS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastattn import _core, _threads
+from fastattn import _core, _cuda, _threads
 from fastattn._validate import check_flag, check_out, kernel_ready, with_leading_axes
 from fastattn._validate_family import (
     KERNELS,
@@ -73,6 +73,9 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     >>> fastattn.masked_softmax(x, mask=np.array([True, False, True, False]))[0, 0]
     array([0.5, 0. , 0.5, 0. ], dtype=float32)
     """
+    if _cuda.uses_gpu(x, valid_lens, mask, out):  # CuPy arrays: computed on the GPU
+        return _cuda.masked_softmax(x, valid_lens, mask=mask, axis=axis, out=out,
+                                    num_threads=num_threads)
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
     threads = _threads.resolve(num_threads)
     dtype, ax = args.compute_dtype, args.axis
@@ -197,6 +200,11 @@ def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, vali
     >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1)), bool((w[0, :, 3:] == 0).all())
     ((2, 5, 4), (2, 5, 7), True, True)
     """
+    if _cuda.uses_gpu(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, out):
+        return _cuda.additive_attention(  # CuPy arrays: computed on the GPU
+            query, key, value, w_q, w_k, w_v, attn_mask, valid_lens=valid_lens,
+            is_causal=is_causal, causal_alignment=causal_alignment, window=window,
+            return_weights=return_weights, out=out, num_threads=num_threads)
     args, ws = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens,
                              is_causal, causal_alignment, window)
     want_weights = check_flag(return_weights, "return_weights")

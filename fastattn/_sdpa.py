@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastattn import _core, _threads
+from fastattn import _core, _cuda, _threads
 from fastattn._validate import check_flag, check_out, kernel_ready, sdpa_args, with_leading_axes
 
 
@@ -69,6 +69,9 @@ def scaled_dot_product_attention(
     weights 0). The result is bit-identical for any thread count. The GIL is released
     while computing.
 
+    CuPy arrays are computed on the GPU (a flash-style CUDA kernel, same semantics) and
+    give CuPy arrays; every array argument must then be a CuPy array.
+
     Returns
     -------
     output, or a tuple ``(output, lse)``, ``(output, weights)``, ``(output, lse, weights)``.
@@ -85,6 +88,12 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
+    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
+        return _cuda.scaled_dot_product_attention(
+            query, key, value, attn_mask, valid_lens=valid_lens, is_causal=is_causal,
+            causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
+            return_lse=return_lse, return_weights=return_weights, out=out,
+            num_threads=num_threads)
     args = sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
                      window, scale, softcap)
     want_lse = check_flag(return_lse, "return_lse")

@@ -1,0 +1,567 @@
+"""The CUDA path: fastattn's functions on CuPy arrays, computed on the GPU.
+
+The public functions call :func:`uses_gpu` first; it never imports CuPy (an array of
+CuPy's type can only exist once the caller has imported it), so NumPy users pay one dict
+look-up. When an input is a CuPy array:
+
+* every array argument must be a CuPy array (a NumPy array among them is a ``TypeError``;
+  Python scalars and lists are moved to the device);
+* the arguments are checked by the same validation layer as the CPU path
+  (:mod:`fastattn._validate`, :mod:`fastattn._validate_family`), on NumPy *stand-ins* of
+  the device arrays: same shape and dtype, no data (a zero-stride view of one element).
+  ``valid_lens`` is the one argument whose values are checked, so it is copied to the host
+  (a device sync). Errors are therefore the CPU path's, word for word;
+* the kernels in ``fastattn/cuda/attention.cu`` (package data) are compiled by NVRTC
+  through ``cupy.RawModule`` once per device (CuPy also caches the binary on disk) and
+  launched on CuPy's current stream. Each launch gets one int64 params block: sizes,
+  flags and strides, then one row of element offsets per group (batch entry and query
+  head), so broadcast, transposed and sliced inputs are read in place.
+
+The pipeline functions (:func:`sdpa_forward`, :func:`softmax_forward`,
+:func:`additive_forward`) take a :class:`Backend`, so the test suite can drive them with
+NumPy arrays and a host emulation of the kernels when no GPU is present.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import importlib.util
+import math
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from fastattn import _threads
+from fastattn._validate import (
+    check_flag,
+    check_out,
+    result_dtypes,
+    sdpa_args,
+    with_leading_axes,
+)
+from fastattn._validate_family import additive_args, masked_softmax_args
+
+KERNEL_SOURCE = ("cuda", "attention.cu")  # package data, relative to fastattn/
+COMPILE_OPTIONS = ("-std=c++17",)
+BLOCK_THREADS = 128  # kThreads
+BLOCK_Q = 16  # kBlockQ: query rows per CTA
+BLOCK_V = 64  # kBlockV: value columns per CTA
+MAX_GRID = 2**31 - 1
+
+# The params blocks, in the order of the enums of attention.cu (a test compares them).
+ATTENTION_PARAMS = (
+    "kGroups", "kQueries", "kKeys", "kFeatures", "kValueFeatures", "kCausal", "kDiagOffset",
+    "kLeft", "kRight", "kQueryRow", "kQueryCol", "kKeyRow", "kKeyCol", "kValueRow",
+    "kValueCol", "kMaskRow", "kMaskCol", "kLensRow", "kOutRow", "kOutCol", "kLseRow",
+    "kWeightsRow", "kWeightsCol",
+)
+ATTENTION_SLOTS = (
+    "kSlotQuery", "kSlotKey", "kSlotValue", "kSlotMask", "kSlotLens", "kSlotOut", "kSlotLse",
+    "kSlotWeights",
+)
+SOFTMAX_PARAMS = (
+    "kRowGroups", "kRowsPerGroup", "kRowLength", "kInRow", "kInCol", "kKeepRow", "kKeepCol",
+    "kRowLensStride", "kResultRow", "kResultCol",
+)
+SOFTMAX_SLOTS = ("kSlotIn", "kSlotKeep", "kSlotRowLens", "kSlotResult")
+
+_CTYPES = {np.dtype(np.float16): "fastattn_cuda::half_t", np.dtype(np.float32): "float",
+           np.dtype(np.float64): "double"}
+
+
+def attention_kernel(result_dtype: np.dtype, additive: bool) -> str:
+    """The name expression of the attention kernel for a result dtype. Storage is the
+    result dtype (float16 stays float16); arithmetic is float32 for float16. The additive
+    kernel reads the projected queries and keys in the arithmetic type."""
+    storage = _CTYPES[np.dtype(result_dtype)]
+    acc = "double" if np.dtype(result_dtype) == np.float64 else "float"
+    qk = acc if additive else storage
+    return (f"fastattn_cuda::attention_forward<{qk}, {storage}, {acc}, "
+            f"{'true' if additive else 'false'}>")
+
+
+def softmax_kernel(result_dtype: np.dtype) -> str:
+    storage = _CTYPES[np.dtype(result_dtype)]
+    acc = "double" if np.dtype(result_dtype) == np.float64 else "float"
+    return f"fastattn_cuda::masked_softmax_forward<{storage}, {acc}>"
+
+
+# Every template instance the Python side launches: NVRTC's name_expressions.
+KERNELS = tuple(
+    [attention_kernel(dt, additive) for additive in (False, True) for dt in _CTYPES]
+    + [softmax_kernel(dt) for dt in _CTYPES]
+)
+
+
+# --------------------------------------------------------------------------------------
+# Dispatch (never imports CuPy)
+
+
+def _is_cupy_type(a: object) -> bool:
+    module = type(a).__module__
+    return module == "cupy" or module.startswith("cupy.")
+
+
+def uses_gpu(*arrays: object) -> bool:
+    """Whether one of ``arrays`` is a CuPy array. Imports nothing: without ``cupy`` in
+    ``sys.modules`` no CuPy array can exist."""
+    if sys.modules.get("cupy") is None:
+        return False
+    return any(_is_cupy_type(a) for a in arrays)
+
+
+def _device_inputs(cupy, named: dict) -> dict:
+    """The array arguments as CuPy arrays (None stays None). A NumPy array among CuPy
+    ones is refused: fastattn never moves data between host and device behind your back."""
+    result = {}
+    for name, value in named.items():
+        if value is None or isinstance(value, cupy.ndarray):
+            result[name] = value
+        elif isinstance(value, np.ndarray) or _is_host_array(value):
+            gpu = [n for n, v in named.items() if isinstance(v, cupy.ndarray)]
+            raise TypeError(
+                f"{name} is a {type(value).__module__}.{type(value).__name__} but "
+                f"{', '.join(gpu)} {'is a CuPy array' if len(gpu) == 1 else 'are CuPy arrays'}: "
+                f"pass all arrays on the same device (cupy.asarray({name}) moves it to the "
+                f"GPU, .get() brings CuPy arrays to the host)"
+            )
+        else:  # Python and NumPy scalars, (nested) lists
+            result[name] = cupy.asarray(value)
+    return result
+
+
+def _is_host_array(value: object) -> bool:
+    """Host arrays of other libraries (NumPy's array protocols; not NumPy scalars)."""
+    return not isinstance(value, np.generic) and not _is_cupy_type(value) and (
+        hasattr(value, "__array_interface__") or hasattr(value, "__array__"))
+
+
+def _device_out(cupy, out):
+    if out is None or isinstance(out, cupy.ndarray):
+        return out
+    raise TypeError(f"out must be a cupy.ndarray when the inputs are CuPy arrays, got "
+                    f"{type(out).__module__}.{type(out).__name__}")
+
+
+# --------------------------------------------------------------------------------------
+# Backends: CuPy, or (in the tests) NumPy with an emulated launch
+
+
+@dataclass(frozen=True)
+class Backend:
+    xp: Any  # the array module: cupy (or numpy in the emulation tests)
+    to_host: Callable  # array -> numpy.ndarray
+    pointer: Callable  # array -> int, the address of its element (0, ..., 0)
+    launch: Callable  # (name expression, grid, block, args) -> None
+
+
+@functools.cache
+def kernel_source() -> str:
+    """The CUDA C++ source shipped in the package."""
+    path = importlib.resources.files("fastattn")
+    for part in KERNEL_SOURCE:
+        path = path.joinpath(part)
+    return path.read_text(encoding="utf-8")
+
+
+_modules: dict = {}  # device id -> cupy.RawModule
+_functions: dict = {}  # (device id, name expression) -> cupy.RawKernel
+
+
+def _kernel(cupy, name: str):
+    device = cupy.cuda.runtime.getDevice()
+    fn = _functions.get((device, name))
+    if fn is None:
+        module = _modules.get(device)
+        if module is None:
+            module = cupy.RawModule(code=kernel_source(), options=COMPILE_OPTIONS,
+                                    name_expressions=KERNELS)
+            _modules[device] = module
+        fn = module.get_function(name)
+        _functions[(device, name)] = fn
+    return fn
+
+
+def _cupy_backend() -> Backend:
+    import cupy  # already imported by the caller (uses_gpu saw a CuPy array)
+
+    def launch(name, grid, block, args):
+        # Launched on CuPy's current stream.
+        _kernel(cupy, name)((grid,), (block,), args)
+
+    return Backend(xp=cupy, to_host=cupy.asnumpy, pointer=lambda a: a.data.ptr,
+                   launch=launch)
+
+
+# --------------------------------------------------------------------------------------
+# Stand-ins and layout
+
+
+def standin(a, dtype=None) -> np.ndarray:
+    """A NumPy array with ``a``'s shape and dtype (or ``dtype``) and no data of its own:
+    a zero-stride view of one element, for the validation layer."""
+    dt = np.dtype(a.dtype if dtype is None else dtype)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), shape=tuple(a.shape),
+                                           strides=(0,) * len(a.shape))
+
+
+def _mask_standin(mask, float_dtype):
+    """A float mask's stand-in in the compute dtype: the validation layer converts float
+    masks to it, which must not allocate the full mask on the host."""
+    if mask is None:
+        return None
+    if float_dtype is not None and mask.dtype.kind == "f":
+        return standin(mask, float_dtype)
+    return standin(mask)
+
+
+def _compute_dtype(*standins) -> np.dtype | None:
+    """The compute dtype of float inputs, or None (validation will name the bad one)."""
+    if any(s.dtype.kind != "f" for s in standins):
+        return None
+    return result_dtypes(*standins)[1]
+
+
+def _strides(a) -> tuple:
+    """``a``'s strides in elements (any sign)."""
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _item_strides(be: Backend, a):
+    """``a`` aligned, with strides in whole elements (a copy only if it is not): the
+    kernels read whole elements through typed pointers."""
+    if any(s % a.itemsize for s in a.strides) or (a.size and be.pointer(a) % a.itemsize):
+        a = a.copy()  # not ascontiguousarray, which may return a misaligned array as it is
+    return a
+
+
+def _as_dtype(be: Backend, a, dtype):
+    if a.dtype != dtype:
+        a = a.astype(dtype)
+    return _item_strides(be, a)
+
+
+def group_offsets(shape: tuple, strides: tuple) -> np.ndarray:
+    """Element offsets of every index of ``shape`` for ``strides`` (int64, C order)."""
+    off = np.zeros(shape, dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(shape, strides)):
+        if n > 1 and s:
+            off += (np.arange(n, dtype=np.int64) * s).reshape(
+                (n,) + (1,) * (len(shape) - axis - 1))
+    return off
+
+
+def _params_block(names: tuple, values: dict, slots: list) -> np.ndarray:
+    """The int64 params block: ``values`` in ``names`` order, then the offset rows."""
+    missing = set(names) ^ set(values)
+    assert not missing, missing
+    header = np.array([values[n] for n in names], dtype=np.int64)
+    return np.concatenate([header, np.stack(slots, axis=1).astype(np.int64).ravel()])
+
+
+def _rows_view(be: Backend, lens, user_rows: tuple, full_rows: tuple):
+    """Device valid_lens as the validation layer shapes them: int64, trailing size-1 axes
+    up to the rows' dims, broadcast to the full rows (a view)."""
+    vl = be.xp.asarray(lens)
+    vl = _as_dtype(be, vl, np.int64)
+    vl = vl.reshape(vl.shape + (1,) * (len(user_rows) - vl.ndim))
+    return be.xp.broadcast_to(vl, full_rows)
+
+
+def _check_no_alias(be: Backend, out, inputs: dict) -> None:
+    for name, arr in inputs.items():
+        if arr is not None and be.xp.may_share_memory(out, arr):
+            raise ValueError(f"out shares memory with {name}; pass a separate buffer")
+
+
+def _grid(items: int) -> int:
+    return max(1, min(items, MAX_GRID))
+
+
+# --------------------------------------------------------------------------------------
+# scaled_dot_product_attention and additive_attention
+
+
+def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
+                      attn_mask, valid_lens, score_weights, scale, softcap):
+    """Allocate the results, build the params block, launch; (output, lse, weights).
+    ``q``/``k``/``v`` are device arrays already broadcast to ``args.batch`` and in the
+    kernel's types; ``attn_mask``/``valid_lens`` are the caller's device arrays."""
+    xp = be.xp
+    result_dtype, compute = args.result_dtype, args.compute_dtype
+    full_out, full_scores = args.full_out_shape, args.full_scores_shape
+
+    bool_mask = float_mask = None
+    if attn_mask is not None:
+        m = xp.asarray(attn_mask)
+        if args.bool_mask is not None:
+            bool_mask = xp.broadcast_to(_item_strides(be, m), full_scores)
+        else:
+            float_mask = xp.broadcast_to(_as_dtype(be, m, compute), full_scores)
+    lens = None
+    if valid_lens is not None:
+        lens = _rows_view(be, valid_lens, args.scores_shape[:-1], full_out[:-1])
+
+    target = None
+    if out is not None:
+        target = with_leading_axes(out, len(full_out))
+        if any(s % target.itemsize for s in target.strides):
+            target = None  # written through a temporary below
+    result = target if target is not None else xp.empty(full_out, result_dtype)
+    lse = xp.empty(full_out[:-1], compute) if want_lse else None
+    weights = xp.empty(full_scores, result_dtype) if want_weights else None
+
+    hq, lq, e = q.shape[-3:]
+    hkv, lk, ev = v.shape[-3:]
+    groups = math.prod(full_out[:-2])
+    if groups and lq:
+        group = hq // hkv
+        mask = bool_mask if bool_mask is not None else float_mask
+        zeros = np.zeros(groups, np.int64)
+
+        def heads(a, per_head_axes: int, kv: bool = False):
+            """Offsets of ``a``'s (batch..., head) sub-arrays, one per query head."""
+            if a is None:
+                return zeros
+            lead = a.ndim - per_head_axes
+            off = group_offsets(a.shape[:lead], _strides(a)[:lead])
+            if kv:  # query head h reads kv head h // group
+                off = np.repeat(off, group, axis=-1)
+            return off.ravel()
+
+        def stride(a, axis):
+            return 0 if a is None else _strides(a)[axis]
+
+        values = {
+            "kGroups": groups, "kQueries": lq, "kKeys": lk, "kFeatures": e,
+            "kValueFeatures": ev, "kCausal": int(args.is_causal),
+            "kDiagOffset": args.diag_offset, "kLeft": args.window[0],
+            "kRight": args.window[1],
+            "kQueryRow": stride(q, -2), "kQueryCol": stride(q, -1),
+            "kKeyRow": stride(k, -2), "kKeyCol": stride(k, -1),
+            "kValueRow": stride(v, -2), "kValueCol": stride(v, -1),
+            "kMaskRow": stride(mask, -2), "kMaskCol": stride(mask, -1),
+            "kLensRow": stride(lens, -1),
+            "kOutRow": stride(result, -2), "kOutCol": stride(result, -1),
+            "kLseRow": stride(lse, -1),
+            "kWeightsRow": stride(weights, -2), "kWeightsCol": stride(weights, -1),
+        }
+        slots = [heads(q, 2), heads(k, 2, kv=True), heads(v, 2, kv=True), heads(mask, 2),
+                 heads(lens, 1), heads(result, 2), heads(lse, 1), heads(weights, 2)]
+        params = xp.asarray(_params_block(ATTENTION_PARAMS, values, slots))
+        items = groups * -(-lq // BLOCK_Q) * max(1, -(-ev // BLOCK_V))
+        ptr = be.pointer
+        be.launch(
+            attention_kernel(result_dtype, score_weights is not None), _grid(items),
+            BLOCK_THREADS,
+            (ptr(q), ptr(k), ptr(v), 0 if bool_mask is None else ptr(bool_mask),
+             0 if float_mask is None else ptr(float_mask), 0 if lens is None else ptr(lens),
+             0 if score_weights is None else ptr(score_weights), ptr(result),
+             0 if lse is None else ptr(lse), 0 if weights is None else ptr(weights),
+             ptr(params), float(scale), float(softcap)))
+
+    if out is not None:
+        if target is None:
+            out[...] = result.reshape(args.out_shape)
+        output = out
+    else:
+        output = result.reshape(args.out_shape)
+    return (output,
+            None if lse is None else lse.reshape(args.out_shape[:-1]),
+            None if weights is None else weights.reshape(args.scores_shape))
+
+
+def _pack(output, lse, weights):
+    extras = [x for x in (lse, weights) if x is not None]
+    return (output, *extras) if extras else output
+
+
+def sdpa_forward(be: Backend, query, key, value, attn_mask=None, *, valid_lens=None,
+                 is_causal=False, causal_alignment="top_left", window=None, scale=None,
+                 softcap=None, return_lse=False, return_weights=False, out=None,
+                 num_threads=None):
+    """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``."""
+    q_s, k_s, v_s = (standin(a) for a in (query, key, value))
+    mask_s = _mask_standin(attn_mask, _compute_dtype(q_s, k_s, v_s))
+    lens_host = None if valid_lens is None else be.to_host(valid_lens)
+    args = sdpa_args(q_s, k_s, v_s, mask_s, lens_host, is_causal, causal_alignment, window,
+                     scale, softcap)
+    want_lse = check_flag(return_lse, "return_lse")
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)  # checked like the CPU path; the GPU ignores it
+    if out is not None:
+        check_out(standin(out), args.out_shape, args.result_dtype, {})
+        _check_no_alias(be, out, {"query": query, "key": key, "value": value,
+                                  "attn_mask": attn_mask, "valid_lens": valid_lens})
+
+    # Convert before broadcasting so a broadcast input is never materialised.
+    q, k, v = (be.xp.broadcast_to(_as_dtype(be, with_leading_axes(a, 3), args.result_dtype),
+                                  args.batch + s.shape[-3:])
+               for a, s in ((query, args.query), (key, args.key), (value, args.value)))
+    found = _attention_launch(be, args, q, k, v, want_lse, want_weights, out, attn_mask,
+                              valid_lens, None, args.scale, args.softcap or 0.0)
+    return _pack(*found)
+
+
+def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=None, *,
+                     valid_lens=None, is_causal=False, causal_alignment="top_left",
+                     window=None, return_weights=False, out=None, num_threads=None):
+    """:func:`fastattn.additive_attention` on device arrays of ``be``: the projections
+    ``q w_q`` and ``k w_k`` by the array module's matmul, the scores, softmax and values
+    by the attention kernel (``w_v . tanh(qp + kp)`` per tile, never ``Lq x Lk x hidden``)."""
+    weights_in = (w_q, w_k, w_v)
+    q_s, k_s, v_s = (standin(a) for a in (query, key, value))
+    w_s = [None if w is None else standin(w) for w in weights_in]
+    mask_s = _mask_standin(attn_mask, _compute_dtype(
+        q_s, k_s, v_s, *[w for w in w_s if w is not None]))
+    lens_host = None if valid_lens is None else be.to_host(valid_lens)
+    args, _ = additive_args(q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal,
+                            causal_alignment, window)
+    want_weights = check_flag(return_weights, "return_weights")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(standin(out), args.out_shape, args.result_dtype, {})
+        _check_no_alias(be, out, {"query": query, "key": key, "value": value, "w_q": w_q,
+                                  "w_k": w_k, "w_v": w_v, "attn_mask": attn_mask,
+                                  "valid_lens": valid_lens})
+
+    xp, compute = be.xp, args.compute_dtype
+    qp = xp.matmul(_as_dtype(be, with_leading_axes(query, 3), compute), w_q.astype(compute))
+    kp = xp.matmul(_as_dtype(be, with_leading_axes(key, 3), compute), w_k.astype(compute))
+    wv = xp.ascontiguousarray(w_v.astype(compute))
+    q = xp.broadcast_to(_item_strides(be, qp), args.batch + qp.shape[-3:])
+    k = xp.broadcast_to(_item_strides(be, kp), args.batch + kp.shape[-3:])
+    v = xp.broadcast_to(_as_dtype(be, with_leading_axes(value, 3), args.result_dtype),
+                        args.batch + args.value.shape[-3:])
+    output, _, weights = _attention_launch(be, args, q, k, v, False, want_weights, out,
+                                           attn_mask, valid_lens, wv, 1.0, 0.0)
+    return _pack(output, None, weights)
+
+
+# --------------------------------------------------------------------------------------
+# masked_softmax
+
+
+def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=None,
+                    num_threads=None):
+    """:func:`fastattn.masked_softmax` on device arrays of ``be``."""
+    xp = be.xp
+    lens_host = None if valid_lens is None else be.to_host(valid_lens)
+    args = masked_softmax_args(standin(x), lens_host, None if mask is None else standin(mask),
+                               axis, None if out is None else standin(out))
+    _threads.resolve(num_threads)
+    if out is not None:
+        _check_no_alias(be, out, {"x": x, "valid_lens": valid_lens, "mask": mask})
+
+    ax = args.axis
+    dtype = args.result_dtype
+    xd = xp.moveaxis(_as_dtype(be, x, dtype), ax, -1)
+    keep = None
+    if mask is not None:
+        keep = xp.moveaxis(xp.broadcast_to(_item_strides(be, xp.asarray(mask)), x.shape), ax, -1)
+    rows = xd.shape[:-1]
+    lens = None if valid_lens is None else _rows_view(be, valid_lens, rows, rows)
+
+    target = out
+    if out is not None and any(s % out.itemsize for s in out.strides):
+        target = None
+    result = target if target is not None else xp.empty(x.shape, dtype)
+    yd = xp.moveaxis(result, ax, -1)
+
+    n = xd.shape[-1]
+    per_group = rows[-1] if rows else 1
+    lead = rows[:-1]
+    groups = math.prod(lead)
+    if groups and per_group and n:
+
+        def offsets(a):
+            if a is None:
+                return np.zeros(groups, np.int64)
+            k = len(lead)
+            return group_offsets(a.shape[:k], _strides(a)[:k]).ravel()
+
+        def stride(a, axis_from_end):
+            if a is None or a.ndim < axis_from_end:
+                return 0
+            return _strides(a)[-axis_from_end]
+
+        values = {
+            "kRowGroups": groups, "kRowsPerGroup": per_group, "kRowLength": n,
+            "kInRow": stride(xd, 2), "kInCol": stride(xd, 1),
+            "kKeepRow": stride(keep, 2), "kKeepCol": stride(keep, 1),
+            "kRowLensStride": stride(lens, 1),
+            "kResultRow": stride(yd, 2), "kResultCol": stride(yd, 1),
+        }
+        slots = [offsets(xd), offsets(keep), offsets(lens), offsets(yd)]
+        params = xp.asarray(_params_block(SOFTMAX_PARAMS, values, slots))
+        ptr = be.pointer
+        be.launch(softmax_kernel(dtype), _grid(groups * per_group), BLOCK_THREADS,
+                  (ptr(xd), 0 if keep is None else ptr(keep), 0 if lens is None else ptr(lens),
+                   ptr(yd), ptr(params)))
+    if out is not None:
+        if target is None:
+            out[...] = result
+        return out
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# The public functions' CUDA entries (called by fastattn._sdpa / fastattn._family)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, *, valid_lens=None,
+                                 out=None, **kwargs):
+    cupy = sys.modules["cupy"]
+    d = _device_inputs(cupy, {"query": query, "key": key, "value": value,
+                              "attn_mask": attn_mask, "valid_lens": valid_lens})
+    return sdpa_forward(_cupy_backend(), d["query"], d["key"], d["value"], d["attn_mask"],
+                        valid_lens=d["valid_lens"], out=_device_out(cupy, out), **kwargs)
+
+
+def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
+                       out=None, **kwargs):
+    cupy = sys.modules["cupy"]
+    d = _device_inputs(cupy, {"query": query, "key": key, "value": value, "w_q": w_q,
+                              "w_k": w_k, "w_v": w_v, "attn_mask": attn_mask,
+                              "valid_lens": valid_lens})
+    return additive_forward(_cupy_backend(), d["query"], d["key"], d["value"], d["w_q"],
+                            d["w_k"], d["w_v"], d["attn_mask"], valid_lens=d["valid_lens"],
+                            out=_device_out(cupy, out), **kwargs)
+
+
+def masked_softmax(x, valid_lens=None, *, mask=None, out=None, **kwargs):
+    cupy = sys.modules["cupy"]
+    d = _device_inputs(cupy, {"x": x, "valid_lens": valid_lens, "mask": mask})
+    return softmax_forward(_cupy_backend(), d["x"], d["valid_lens"], mask=d["mask"],
+                           out=_device_out(cupy, out), **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# show_config
+
+
+def describe() -> str:
+    """One line on the CUDA path for :func:`fastattn.show_config`. Imports CuPy if it is
+    installed (this is the one place that does)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "not available (CuPy is not installed: pip install 'fastattn[cuda]')"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import cupy
+
+            if not cupy.cuda.is_available():
+                return f"not available (CuPy {cupy.__version__} sees no GPU)"
+            device = cupy.cuda.Device()
+            props = cupy.cuda.runtime.getDeviceProperties(device.id)
+            name = props["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            count = cupy.cuda.runtime.getDeviceCount()
+            return (f"CuPy {cupy.__version__}, device {device.id} of {count}: {name} "
+                    f"(sm_{device.compute_capability})")
+    except Exception as exc:  # a CuPy that cannot load its CUDA libraries
+        return f"not available (CuPy failed: {type(exc).__name__}: {exc})"
