@@ -7,6 +7,8 @@ Validation in :mod:`fastattn._validate_family` (shared with the NumPy twins in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
@@ -27,8 +29,14 @@ def _aligned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if a.dtype != dtype:
         a = a.astype(dtype, order="K")
     if any(s % a.itemsize for s in a.strides) or not a.flags.aligned:
-        a = np.ascontiguousarray(a)
+        a = a.copy(order="C")  # (np.ascontiguousarray may hand back an unaligned array)
     return a
+
+
+def _contiguous(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` as a C-contiguous, aligned array of ``dtype`` (copies only if needed)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return a if a.flags.aligned else a.copy()
 
 
 def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
@@ -134,8 +142,7 @@ def _selection(normalize, top_k, num_keys):
 def _run_additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     dtype = args.compute_dtype
     q, k, v = (args.full(kernel_ready(a, dtype)) for a in (args.query, args.key, args.value))
-    wq, wk, wv = (np.ascontiguousarray(w, dtype=dtype)
-                  for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
+    wq, wk, wv = (_contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
     result, in_place, weights = _buffers(args, out, want_weights)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
     left, right = args.window
@@ -216,13 +223,16 @@ def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, vali
     return _run_additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
+def _infinitely_far(x: np.ndarray) -> np.ndarray:
+    """Rows (last axis) holding an infinity and no NaN."""
+    return np.isinf(x).any(axis=-1) & ~np.isnan(x).any(axis=-1)
+
+
 def _project(x: np.ndarray, w: np.ndarray, dtype: np.dtype, threads: int) -> np.ndarray:
     """``x @ w`` over the last axis, computed by the core (bit-identical for any thread
     count, unlike a threaded BLAS)."""
-    rows = kernel_ready(x, dtype).reshape(-1, x.shape[-1])
-    if rows.ndim != 2 or (rows.shape[1] > 1 and rows.strides[1] != rows.itemsize):
-        rows = np.ascontiguousarray(rows)
-    wc = np.ascontiguousarray(w, dtype=dtype)
+    rows = _contiguous(x, dtype).reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    wc = _contiguous(w, dtype)
     out = np.empty((rows.shape[0], wc.shape[1]), dtype)
     _core.project(rows, wc, out, threads)
     return out.reshape(x.shape[:-1] + (wc.shape[1],))
@@ -330,10 +340,18 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
         if group > 1:
             bias = np.repeat(bias, group, axis=-2)
         bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
-        if float_mask is None:
-            float_mask = np.broadcast_to(bias, args.full_scores_shape)
-        else:
-            float_mask = np.broadcast_to(float_mask + bias, args.full_scores_shape)
+        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
+        # a key scores -inf (its bias already is), such a query sees no key, as with
+        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
+        k_far, q_far = _infinitely_far(k), _infinitely_far(q)
+        if k_far.any():
+            k = np.where(k_far[..., None], dtype.type(0), k)
+        if q_far.any():
+            q = np.where(q_far[..., None], dtype.type(0), q)
+            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
+        if float_mask is not None:
+            bias = float_mask + bias
+        float_mask = np.broadcast_to(bias, args.full_scores_shape)
     q, k = args.full(q), args.full(k)
     v = args.full(kernel_ready(args.value, dtype))
     result, in_place, weights = _buffers(args, out, want_weights)

@@ -231,9 +231,11 @@ def check_count(value: object, name: str) -> int:
     return n
 
 
-def _check_factor(value: float, name: str, dtype: np.dtype, what: str) -> float:
-    limit = float(np.finfo(dtype).max)
-    if not abs(value) <= limit:
+def _inverse_power(x: float, power: int, name: str, dtype: np.dtype, what: str) -> float:
+    """``1 / x**power``, which must be finite in ``dtype`` (x > 0 already checked)."""
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        value = float(np.float64(1.0) / np.float64(x) ** power)
+    if not value <= float(np.finfo(dtype).max):
         raise ValueError(f"{name} gives {what} = {value:.3g}, which is not finite in {dtype}")
     return value
 
@@ -293,10 +295,10 @@ def attention_spec(query, key, value, attn_mask, *, score, normalize, scale, wei
     elif score == "cosine":
         t = 1.0 if temperature is None else check_real(temperature, "temperature",
                                                         positive=True)
-        factor = _check_factor(1.0 / t, "temperature", dtype, "1 / temperature")
+        factor = _inverse_power(t, 1, "temperature", dtype, "1 / temperature")
     else:  # gaussian
         h = 1.0 if bandwidth is None else check_real(bandwidth, "bandwidth", positive=True)
-        factor = _check_factor(1.0 / (h * h), "bandwidth", dtype, "1 / bandwidth**2")
+        factor = _inverse_power(h, 2, "bandwidth", dtype, "1 / bandwidth**2")
         return AttentionSpec(args, score, normalize, k, factor, bandwidth=h)
     return AttentionSpec(args, score, normalize, k, factor)
 

@@ -270,7 +270,7 @@ def _weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         w = weights[..., None]
         terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
-    return terms.sum(axis=-2)
+        return terms.sum(axis=-2)  # inf + -inf = NaN
 
 
 def _normalize_rows(scores: np.ndarray, allowed: np.ndarray, normalize: str,
@@ -301,9 +301,10 @@ def _normalize_rows(scores: np.ndarray, allowed: np.ndarray, normalize: str,
 def _additive_scores(q: np.ndarray, k: np.ndarray, ws) -> np.ndarray:
     """w_v . tanh(q w_q + k w_k) for every (query, key) pair, through the full
     (..., Lq, Lk, hidden) tensor, in float64."""
-    qp = q @ ws.w_q.astype(np.float64)
-    kp = k @ ws.w_k.astype(np.float64)
-    return np.tanh(qp[..., :, None, :] + kp[..., None, :, :]) @ ws.w_v.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN inputs give NaN scores
+        qp = q @ ws.w_q.astype(np.float64)
+        kp = k @ ws.w_k.astype(np.float64)
+        return np.tanh(qp[..., :, None, :] + kp[..., None, :, :]) @ ws.w_v.astype(np.float64)
 
 
 def _family_result(args, scores, normalize, top_k, v, want_weights, out):
@@ -428,8 +429,11 @@ def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1
             weights = np.zeros(u.shape)
             undefined = np.ones(u.shape[:-1] + (1,), dtype=bool)
         elif ra.kernel == "gaussian":
-            weights = _softmax_rows(-u * u / 2.0, np.ones(u.shape, dtype=bool))[0]
-            undefined = np.isnan(weights).any(axis=-1, keepdims=True)
+            scores = -u * u / 2.0
+            weights = _softmax_rows(scores, np.ones(u.shape, dtype=bool))[0]
+            # every key infinitely far (an infinite query): 0/0, as for the compact kernels
+            undefined = (np.isnan(weights).any(axis=-1, keepdims=True)
+                         | np.isneginf(scores).all(axis=-1, keepdims=True))
         else:
             inside = u <= 1.0  # NaN distances are outside
             if ra.kernel == "boxcar":

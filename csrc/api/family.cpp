@@ -33,28 +33,32 @@ bool is_contiguous(const ArrayRef& a) {
 void require_float(const ArrayRef& a, int64_t itemsize, const char* fn, const char* name) {
   require(a.kind == 'f' && a.itemsize == itemsize, fn,
           std::string(name) + " must have the compute dtype (float32 or float64)");
-  for (int64_t s : a.strides)
-    require(s % a.itemsize == 0, fn,
-            std::string(name) + " has a stride that is not a multiple of its item size");
+}
+
+// The element stride of axis d. An axis of length 0 or 1 is never stepped along, so its
+// byte stride may be anything (NumPy leaves odd ones on views); it counts as 0.
+int64_t element_stride(const ArrayRef& a, int64_t d, const char* fn, const char* name) {
+  if (a.shape[d] <= 1 || is_empty(a)) return 0;
+  require(a.strides[d] % a.itemsize == 0, fn,
+          std::string(name) + " has a stride that is not a multiple of its item size");
+  return a.strides[d] / a.itemsize;
 }
 
 // A StridedView of an array laid out (batch..., head, row[, col]).
 StridedView view_of(const ArrayRef& a, const char* fn, const char* name, int64_t bn, int tail,
                     bool unit_last) {
   require(a.ndim() == bn + tail, fn, std::string(name) + " has the wrong number of dimensions");
-  for (int64_t s : a.strides)
-    require(s % a.itemsize == 0, fn,
-            std::string(name) + " has a stride that is not a multiple of its item size");
   StridedView v;
   v.data = a.data;
-  for (int64_t d = 0; d < bn; ++d) v.batch_stride[d] = a.strides[d] / a.itemsize;
-  v.head_stride = a.strides[bn] / a.itemsize;
-  v.row_stride = a.strides[bn + 1] / a.itemsize;
+  for (int64_t d = 0; d < bn; ++d) v.batch_stride[d] = element_stride(a, d, fn, name);
+  v.head_stride = element_stride(a, bn, fn, name);
+  v.row_stride = element_stride(a, bn + 1, fn, name);
   if (tail == 3) {
-    v.col_stride = a.strides[bn + 2] / a.itemsize;
+    v.col_stride = element_stride(a, bn + 2, fn, name);
     if (unit_last)
       require(v.col_stride == 1 || a.shape[bn + 2] <= 1 || is_empty(a), fn,
               std::string(name) + " must have a unit-stride last axis");
+    if (unit_last) v.col_stride = 1;
   }
   return v;
 }
@@ -172,11 +176,8 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   auto rows_of = [&](const ArrayRef& a, const char* name, bool has_col) {
     RowsView v;
     v.data = a.data;
-    for (int64_t d = 0; d < nd - 1; ++d) v.row_stride[d] = a.strides[d] / a.itemsize;
-    if (has_col) v.col_stride = a.strides[nd - 1] / a.itemsize;
-    for (int64_t s : a.strides)
-      require(s % a.itemsize == 0, fn,
-              std::string(name) + " has a stride that is not a multiple of its item size");
+    for (int64_t d = 0; d < nd - 1; ++d) v.row_stride[d] = element_stride(a, d, fn, name);
+    if (has_col) v.col_stride = element_stride(a, nd - 1, fn, name);
     return v;
   };
   for (int64_t d = 0; d < nd - 1; ++d) p.row_shape[d] = c.x.shape[d];
@@ -250,8 +251,7 @@ void nadaraya_watson(const FamilyCall& c) {
           fn, "bandwidth must be a float64 array of the batch shape");
   for (int64_t d = 0; d < bn; ++d) {
     require(c.bandwidth.shape[d] == p.batch_shape[d], fn, "bandwidth has the wrong shape");
-    require(c.bandwidth.strides[d] % 8 == 0, fn, "bandwidth has an odd stride");
-    p.bandwidth.batch_stride[d] = c.bandwidth.strides[d] / 8;
+    p.bandwidth.batch_stride[d] = element_stride(c.bandwidth, d, fn, "bandwidth");
   }
   p.bandwidth.data = c.bandwidth.data;
   const KernelTable& kernels = active_kernels();
@@ -273,16 +273,15 @@ void project(const ProjectCall& c) {
   require(c.w.shape[0] == c.x.shape[1] && c.out.shape[0] == c.x.shape[0] &&
               c.out.shape[1] == c.w.shape[1],
           fn, "shapes do not chain: out (rows, n) = x (rows, m) @ w (m, n)");
-  require(c.x.strides[1] == itemsize || c.x.shape[1] <= 1 || is_empty(c.x), fn,
+  require(element_stride(c.x, 1, fn, "x") == 1 || c.x.shape[1] <= 1 || is_empty(c.x), fn,
           "x must have a unit-stride last axis");
-  require(c.x.strides[0] % itemsize == 0, fn, "x has an odd row stride");
   require(c.num_threads >= 1, fn, "num_threads must be >= 1");
   ProjectParams p;
   p.x = c.x.data;
   p.rows = c.x.shape[0];
   p.dim_in = c.x.shape[1];
   p.dim_out = c.w.shape[1];
-  p.x_row_stride = c.x.strides[0] / itemsize;
+  p.x_row_stride = element_stride(c.x, 0, fn, "x");
   p.w = c.w.data;
   p.out = c.out.data;
   p.num_threads = c.num_threads;
