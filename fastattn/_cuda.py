@@ -8,7 +8,8 @@ look-up. When an input is a CuPy array:
   Python scalars and lists are moved to the device);
 * the arguments are checked by the same validation layer as the CPU path
   (:mod:`fastattn._validate`, :mod:`fastattn._validate_family`), on NumPy *stand-ins* of
-  the device arrays: same shape and dtype, no data (a zero-stride view of one element).
+  the device arrays: same shape and dtype, no data (a zero-stride view of one element;
+  an ``out=`` buffer's stand-in has its strides too, over lazily zeroed host pages).
   ``valid_lens`` is the one argument whose values are checked, so it is copied to the host
   (a device sync). Errors are therefore the CPU path's, word for word;
 * the kernels in ``fastattn/cuda/attention.cu`` (package data) are compiled by NVRTC
@@ -209,6 +210,19 @@ def standin(a, dtype=None) -> np.ndarray:
                                            strides=(0,) * len(a.shape))
 
 
+def out_standin(out) -> np.ndarray:
+    """A NumPy array with ``out``'s shape, dtype *and strides*, for the checks of an out=
+    buffer (which look at its layout): a view into zeroed bytes spanning ``out``'s extent
+    (np.zeros maps them lazily: no memory is touched, no data copied)."""
+    shape, strides = tuple(out.shape), tuple(out.strides)
+    if 0 in shape:
+        return np.zeros(shape, out.dtype)
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + out.itemsize
+    return np.ndarray(shape, out.dtype, buffer=np.zeros(high - low, np.uint8), offset=-low,
+                      strides=strides)
+
+
 def _mask_standin(mask, float_dtype):
     """A float mask's stand-in in the compute dtype: the validation layer converts float
     masks to it, which must not allocate the full mask on the host."""
@@ -272,6 +286,12 @@ def _rows_view(be: Backend, lens, user_rows: tuple, full_rows: tuple):
     return be.xp.broadcast_to(vl, full_rows)
 
 
+def _writable_in_place(be: Backend, out) -> bool:
+    """Whether the kernels can write ``out`` directly (aligned, strides in whole items)."""
+    return not (any(s % out.itemsize for s in out.strides)
+                or (out.size and be.pointer(out) % out.itemsize))
+
+
 def _check_no_alias(be: Backend, out, inputs: dict) -> None:
     for name, arr in inputs.items():
         if arr is not None and be.xp.may_share_memory(out, arr):
@@ -309,7 +329,7 @@ def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
     target = None
     if out is not None:
         target = with_leading_axes(out, len(full_out))
-        if any(s % target.itemsize for s in target.strides):
+        if not _writable_in_place(be, target):
             target = None  # written through a temporary below
     result = target if target is not None else xp.empty(full_out, result_dtype)
     lse = xp.empty(full_out[:-1], compute) if want_lse else None
@@ -394,7 +414,7 @@ def sdpa_forward(be: Backend, query, key, value, attn_mask=None, *, valid_lens=N
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)  # checked like the CPU path; the GPU ignores it
     if out is not None:
-        check_out(standin(out), args.out_shape, args.result_dtype, {})
+        check_out(out_standin(out), args.out_shape, args.result_dtype, {})
         _check_no_alias(be, out, {"query": query, "key": key, "value": value,
                                   "attn_mask": attn_mask, "valid_lens": valid_lens})
 
@@ -424,7 +444,7 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
-        check_out(standin(out), args.out_shape, args.result_dtype, {})
+        check_out(out_standin(out), args.out_shape, args.result_dtype, {})
         _check_no_alias(be, out, {"query": query, "key": key, "value": value, "w_q": w_q,
                                   "w_k": w_k, "w_v": w_v, "attn_mask": attn_mask,
                                   "valid_lens": valid_lens})
@@ -452,7 +472,7 @@ def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=
     xp = be.xp
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
     args = masked_softmax_args(standin(x), lens_host, None if mask is None else standin(mask),
-                               axis, None if out is None else standin(out))
+                               axis, None if out is None else out_standin(out))
     _threads.resolve(num_threads)
     if out is not None:
         _check_no_alias(be, out, {"x": x, "valid_lens": valid_lens, "mask": mask})
@@ -467,7 +487,7 @@ def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=
     lens = None if valid_lens is None else _rows_view(be, valid_lens, rows, rows)
 
     target = out
-    if out is not None and any(s % out.itemsize for s in out.strides):
+    if out is not None and not _writable_in_place(be, out):
         target = None
     result = target if target is not None else xp.empty(x.shape, dtype)
     yd = xp.moveaxis(result, ax, -1)

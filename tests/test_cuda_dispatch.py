@@ -30,6 +30,8 @@ class FakeDeviceArray:
         self.shape = self.data_host.shape
         self.dtype = self.data_host.dtype
         self.ndim = self.data_host.ndim
+        self.strides = self.data_host.strides
+        self.itemsize = self.data_host.itemsize
 
 
 FakeDeviceArray.__module__ = "cupy"
@@ -252,6 +254,17 @@ def test_standins_carry_shape_and_dtype_only():
     s = _cuda.standin(a)
     assert s.shape == (2, 3, 4) and s.dtype == np.float16 and s.strides == (0, 0, 0)
     assert _cuda.standin(a, np.float32).dtype == np.float32
+
+
+def test_out_standin_has_the_layout_of_out():
+    base = np.zeros((4, 6, 8), np.float32)
+    for out in (base, base[:, ::2, ::-1], base.transpose(2, 0, 1), base[1:2, :0],
+                np.broadcast_to(base[:1], (3, 6, 8))):
+        s = _cuda.out_standin(FakeDeviceArray(out) if out.size else out)
+        assert (s.shape, s.dtype) == (out.shape, out.dtype)
+        if out.size:
+            assert s.strides == out.strides and s.flags.writeable
+            s[...] = 1  # in bounds of its own buffer
 
 
 def test_group_offsets():
