@@ -38,8 +38,10 @@ def to_device(xp, to_host, a):
     start = a.__array_interface__["data"][0] + low
     raw = np.ctypeslib.as_array((ctypes.c_uint8 * (high - low)).from_address(start)).copy()
     flat = xp.asarray(raw).view(a.dtype)
-    dev = xp.lib.stride_tricks.as_strided(flat[-low // a.itemsize:], shape=a.shape,
-                                          strides=a.strides)
+    # Positive strides from the lowest address, then the negative axes reversed by slicing.
+    dev = xp.lib.stride_tricks.as_strided(flat, shape=a.shape,
+                                          strides=tuple(abs(s) for s in a.strides))
+    dev = dev[tuple(slice(None, None, -1) if s < 0 else slice(None) for s in a.strides)]
     assert dev.strides == a.strides
     np.testing.assert_array_equal(to_host(dev), a)  # NaN == NaN here
     return dev
