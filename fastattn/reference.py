@@ -65,7 +65,8 @@ def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
     row_max = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(
         s.shape[:-1] + (1,), -np.inf)
     empty = row_max == -np.inf
-    with np.errstate(invalid="ignore"):  # a +inf score: inf - inf = NaN, the row is NaN
+    # a +inf score: inf - inf = NaN, the row is NaN; -max - max may overflow to -inf (e^-inf = 0)
+    with np.errstate(invalid="ignore", over="ignore"):
         shifted = s - np.where(empty, 0.0, row_max)
     p = np.exp(shifted)
     total = p.sum(axis=-1, keepdims=True)

@@ -218,3 +218,21 @@ def test_memory_stays_linear():
                           timeout=120, check=False, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) < 64, f"peak RSS grew by {proc.stdout.strip()} MiB"
+
+
+@pytest.mark.parametrize("padding", [np.nan, np.inf, 1e30])
+def test_keys_past_valid_lens_are_never_read(isa, padding):
+    """Whatever the keys past every valid length hold, the result has the same bits (their
+    projections are never computed, so they cannot even switch the score path)."""
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((2, 2, 5, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 1, 9, 3)).astype(np.float32)
+    v = rng.standard_normal((2, 1, 9, 2)).astype(np.float32)
+    w = make_weights(5, 4, 3, 7)
+    vl = np.array([[4, 6], [9, 2]])
+    clean = additive(q, k, v, *w, valid_lens=vl, return_weights=True)
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 6:] = padding
+    v2[0, :, 6:] = padding
+    dirty = additive(q, k2, v2, *w, valid_lens=vl, return_weights=True)
+    assert same_bits(clean[0], dirty[0]) and same_bits(clean[1], dirty[1])

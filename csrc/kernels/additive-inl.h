@@ -163,8 +163,34 @@ bool additive_attention(const FamilyParams& p) {
   T* qp = alloc_values<T>(q_rows * H);
   T* kp = alloc_values<T>(k_rows * H);
   T* w2 = alloc_values<T>(H);
-  bool ok = qp && kp && w2;
+  // Keys each (batch, kv head) may show to some row: those past every row's valid length
+  // are never read (they may hold garbage) -- their projections are zeros, and masked.
+  int64_t* kv_len = static_cast<int64_t*>(
+      std::aligned_alloc(64, size_t(round_up(imax(batch * p.num_heads_kv, 1) * 8, 64))));
+  bool ok = qp && kp && w2 && kv_len;
   bool in_range = true;
+  if (ok) {
+    const int64_t group = p.num_heads_q / p.num_heads_kv;
+    int64_t coord[kMaxBatchDims];
+    for (int64_t bh = 0; bh < batch * p.num_heads_kv; ++bh) {
+      int64_t len = 0;
+      if (!p.valid_lens.data) {
+        len = Lk;
+      } else {
+        for (int64_t d = p.batch_ndim - 1, rest = bh / p.num_heads_kv; d >= 0; --d) {
+          coord[d] = rest % p.batch_shape[d];
+          rest /= p.batch_shape[d];
+        }
+        const int64_t* vl = static_cast<const int64_t*>(p.valid_lens.data) +
+                            batch_offset(p.valid_lens.batch_stride, coord, p.batch_ndim);
+        for (int64_t h = (bh % p.num_heads_kv) * group; h < (bh % p.num_heads_kv + 1) * group;
+             ++h)
+          for (int64_t i = 0; i < Lq && len < Lk; ++i)
+            len = imax(len, imin(Lk, vl[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride]));
+      }
+      kv_len[bh] = len;
+    }
+  }
   if (ok) {
     const T* wq = static_cast<const T*>(p.w_q);
     const T* wk = static_cast<const T*>(p.w_k);
@@ -195,7 +221,7 @@ bool additive_attention(const FamilyParams& p) {
         if (!row) continue;
         const int64_t j = r % lk_pad, bh = r / lk_pad, h = bh % p.num_heads_kv;
         T* panel = kp + bh * kp_stride + j / L * H * L + j % L;
-        if (j >= Lk) {
+        if (j >= kv_len[bh]) {
           for (int64_t c = 0; c < H; ++c) panel[c * L] = T(0);
           continue;
         }
@@ -264,6 +290,7 @@ bool additive_attention(const FamilyParams& p) {
   std::free(qp);
   std::free(kp);
   std::free(w2);
+  std::free(kv_len);
   return ok;
 }
 
