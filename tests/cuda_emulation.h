@@ -11,6 +11,7 @@
 // can be plain statics.
 #pragma once
 
+#include <math.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -20,8 +21,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <math.h>
 
 #define FASTATTN_CUDA_EMULATION 1
 #define __global__
@@ -134,8 +133,8 @@ T from_slot(unsigned long long v) {
 }
 
 template <typename... A, std::size_t... I>
-int launch_impl(void (*kernel)(A...), long long grid, int block,
-                const unsigned long long* slots, std::index_sequence<I...>) {
+int launch_impl(void (*kernel)(A...), long long grid, int block, const unsigned long long* slots,
+                std::index_sequence<I...>) {
   gridDim.x = static_cast<unsigned>(grid);
   blockDim.x = static_cast<unsigned>(block);
   body = [&] { kernel(from_slot<A>(slots[I])...); };

@@ -79,7 +79,9 @@ __device__ __forceinline__ double tanh_of(double x) { return tanh(x); }
 __device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
 
-__device__ __forceinline__ float minus_infinity(float) { return __int_as_float(static_cast<int>(0xff800000u)); }
+__device__ __forceinline__ float minus_infinity(float) {
+  return __int_as_float(static_cast<int>(0xff800000u));
+}
 __device__ __forceinline__ double minus_infinity(double) {
   return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
 }
@@ -419,7 +421,8 @@ __global__ void __launch_bounds__(kThreads)
     const T* x_r = x + off[kSlotIn] + i * x_row;
     const unsigned char* keep_r = keep ? keep + off[kSlotKeep] + i * keep_row : nullptr;
     T* y_r = y + off[kSlotResult] + i * y_row;
-    const long long end = valid_lens ? min_of(n, valid_lens[off[kSlotRowLens] + i * lens_stride]) : n;
+    const long long end =
+        valid_lens ? min_of(n, valid_lens[off[kSlotRowLens] + i * lens_stride]) : n;
 
     Acc m = neg_inf, l = Acc(0);
     for (long long j = tid; j < end; j += kThreads) {
@@ -439,7 +442,8 @@ __global__ void __launch_bounds__(kThreads)
         const Acc m1 = part_max[tid], m2 = part_max[tid + width];
         const Acc new_max = max_of(m1, m2);
         const Acc shift = safe_shift(new_max);
-        part_sum[tid] = part_sum[tid] * exp_of(m1 - shift) + part_sum[tid + width] * exp_of(m2 - shift);
+        part_sum[tid] =
+            part_sum[tid] * exp_of(m1 - shift) + part_sum[tid + width] * exp_of(m2 - shift);
         part_max[tid] = new_max;
       }
     }
