@@ -2,21 +2,23 @@
 
     python bench/speed_table.py [--rounds 5] [--numpy] [--markdown]
 
-Method (the machine is shared and noisy): for every shape the candidates run interleaved,
-round after round; each round times a few calls of each candidate after a short pause
-that lets worker threads settle; a candidate's time is its best round (the least
-disturbed), and ratios are of times from the same run. The float32 matmul rate is
+Method (the machine is shared and noisy; fastattn.bench.measure, shared with
+``python -m fastattn.bench``): for every shape the candidates run interleaved, round after
+round; each round times a few calls of each candidate after a short pause that lets worker
+threads settle; a candidate's time is its best round (the least disturbed), and ratios are
+of times from the same run. The float32 matmul rate is
 measured in the same run and kernels are reported as a fraction of it.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import fastattn
+from fastattn import bench
+from fastattn.bench import numpy_sdpa
 
 try:
     import torch
@@ -43,43 +45,9 @@ SHAPES = {
 }
 
 
-def numpy_sdpa(q, k, v, is_causal):
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = q @ np.swapaxes(k, -1, -2)
-    s *= s.dtype.type(1.0 / np.sqrt(q.shape[-1]))
-    if is_causal:
-        s[..., ~np.tri(*s.shape[-2:], dtype=bool)] = -np.inf
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return s @ v
-
-
-def best_round(fn, calls: int) -> float:
-    time.sleep(0.05)  # let the other candidate's worker threads go idle
-    fn()  # warm
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def measure(candidates: dict, rounds: int) -> dict:
-    probe = {name: best_round(fn, 1) for name, fn in candidates.items()}
-    calls = {name: max(1, min(50, int(0.2 / max(t, 1e-6)))) for name, t in probe.items()}
-    best = {name: float("inf") for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            best[name] = min(best[name], best_round(fn, calls[name]))
-    return best
-
-
-def matmul_rate(rounds: int) -> float:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((2048, 2048), dtype=np.float32)
-    t = measure({"mm": lambda: a @ a}, rounds)["mm"]
-    return 2.0 * 2048**3 / t
+    """Best seconds per call of each candidate (fastattn.bench's method)."""
+    return {name: t.best for name, t in bench.measure(candidates, rounds).items()}
 
 
 def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
@@ -121,7 +89,7 @@ def main() -> None:
     if torch is not None:
         torch.set_num_threads(fastattn.get_num_threads())
     fastattn.show_config()
-    mm = matmul_rate(args.rounds)
+    mm, _ = bench.matmul_rate(args.rounds)
     print(f"float32 matmul rate, same run: {mm / 1e9:.1f} GFLOP/s\n")
     header = "| shape | fastattn ms | GFLOP/s | % matmul | torch ms | vs torch | target |"
     if args.numpy:

@@ -1,6 +1,8 @@
 #include "dispatch/isa.h"
 
-#include <unistd.h>
+#if !defined(_WIN32)
+#include <unistd.h>  // sysconf
+#endif
 
 #include <atomic>
 #include <stdexcept>

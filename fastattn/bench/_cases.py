@@ -1,0 +1,288 @@
+"""The benchmark grid: realistic shapes, their inputs, the candidates that compute them, and
+the float64 reference each candidate's answer is checked against."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import fastattn
+from fastattn.bench._formulas import (
+    attention_flops,
+    numpy_additive,
+    numpy_masked_softmax,
+    numpy_sdpa,
+)
+
+IMPLS = ("fastattn", "numpy", "torch", "jax")
+DTYPES = ("float32", "float64")
+PRESETS = ("smoke", "quick", "default", "full")
+_REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes per check
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape. ``kind`` is ``"sdpa"`` (dims ``B, Hq, Hkv, Lq, Lk, E``), ``"additive"``
+    (``B, Lq, Lk, D, hidden``) or ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
+    batch entry). Cases of one ``series`` differ only in sequence length."""
+
+    name: str
+    kind: str
+    dims: tuple[int, ...]
+    causal: bool = False
+    tags: tuple[str, ...] = ()
+    series: str | None = None
+    dtypes: tuple[str, ...] = DTYPES
+
+    @property
+    def seq_len(self) -> int:
+        """The key sequence length: the x axis of the time-vs-length plot."""
+        return self.dims[4] if self.kind == "sdpa" else self.dims[2]
+
+    def matches(self, words: list[str]) -> bool:
+        text = " ".join((self.name, self.kind, *self.tags)).lower()
+        return not words or any(w.lower() in text for w in words)
+
+    def flops(self) -> float:
+        """Nominal floating-point operations of one call.
+
+        SDPA: 4 B Hq Lq Lk E (QK^T and PV), times the kept fraction under a causal mask.
+        additive: B Lq Lk (3 hidden + 2 Dv) (add, tanh, multiply-add; PV). masked softmax:
+        5 per element (max, subtract, exp, sum, divide).
+        """
+        if self.kind == "sdpa":
+            b, hq, hkv, lq, lk, e = self.dims
+            return attention_flops((b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e),
+                                   self.causal)
+        if self.kind == "additive":
+            b, lq, lk, d, hidden = self.dims
+            return b * lq * lk * (3.0 * hidden + 2.0 * d)
+        return 5.0 * float(np.prod(self.dims))
+
+
+def sdpa_case(label: str, b: int, hq: int, hkv: int, lq: int, lk: int, e: int, *,
+              causal: bool = False, tags: tuple[str, ...] = (), series: str | None = None,
+              dtypes: tuple[str, ...] = DTYPES) -> Case:
+    heads = f"{hq}/{hkv}" if hq != hkv else f"{hq}"
+    name = f"{label} {b}x{heads} {lq}x{lk} E{e}"
+    tags = tags + (("causal",) if causal else ()) + (("long-context",) if lk >= 4096 else ())
+    return Case(name, "sdpa", (b, hq, hkv, lq, lk, e), causal, tags, series, dtypes)
+
+
+def _sweep(label: str, lengths, causal: bool, dtypes=DTYPES) -> list[Case]:
+    return [sdpa_case(label, 1, 8, 8, n, n, 64, causal=causal, series=label, dtypes=dtypes,
+                      tags=("self-attention",)) for n in lengths]
+
+
+def grid(preset: str) -> list[Case]:
+    """The cases of a preset: ``smoke`` (tiny, for tests), ``quick``, ``default``, ``full``."""
+    if preset == "smoke":
+        return [*_sweep("self-attention", (16, 32), False),
+                *_sweep("causal", (16, 32), True, ("float32",)),
+                sdpa_case("GQA decode", 1, 4, 2, 1, 64, 16, tags=("gqa", "decode"),
+                          dtypes=("float32",)),
+                Case("additive 2x 8x16 D8 H16", "additive", (2, 8, 16, 8, 16),
+                     tags=("bahdanau",), dtypes=("float32",)),
+                Case("masked_softmax 4x8x16 valid_lens", "masked_softmax", (4, 8, 16),
+                     tags=("masked-softmax",), dtypes=("float32",))]
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    quick, full = preset == "quick", preset == "full"
+    f32 = ("float32",)
+    lengths = (256, 512, 1024) if quick else (256, 512, 1024, 2048, 4096) + ((8192,) * full)
+    cases = [
+        sdpa_case("encoder", 1 if quick else 4, 12, 12, 512, 512, 64, tags=("BERT-base",)),
+        *_sweep("self-attention", lengths, False, f32 if quick else DTYPES),
+        *_sweep("causal", lengths, True, f32 if quick else DTYPES),
+        sdpa_case("cross-attention", 2, 8, 8, 256, 2048 if quick else 4096, 64,
+                  tags=("cross",), dtypes=f32 if quick else DTYPES),
+        sdpa_case("GQA prefill", 1, 32, 8, *((512, 512) if quick else (1024, 1024)), 128,
+                  causal=True, tags=("gqa", "prefill"), dtypes=f32 if quick else DTYPES),
+        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 8192, 128,
+                  tags=("gqa", "decode")),
+        sdpa_case("short sequences", 16 if quick else 32, 8, 8, 128, 128, 64,
+                  tags=("short", "batch"), dtypes=f32 if quick else DTYPES),
+        Case("additive 2x 256x512 D64 H128", "additive", (2, 256, 512, 64, 128),
+             tags=("bahdanau",), dtypes=f32 if quick else DTYPES),
+        Case(f"masked_softmax {32 if quick else 64}x512x512 valid_lens", "masked_softmax",
+             (32 if quick else 64, 512, 512), tags=("masked-softmax", "d2l"),
+             dtypes=f32 if quick else DTYPES),
+    ]
+    if full:
+        cases += [
+            sdpa_case("encoder", 4, 16, 16, 512, 512, 64, tags=("BERT-large",)),
+            sdpa_case("head dim 128", 1, 16, 16, 1024, 1024, 128, tags=("E128",)),
+            sdpa_case("GQA decode", 1, 32, 8, 1, 32768, 128, tags=("gqa", "decode")),
+            sdpa_case("MHA decode", 1, 8, 8, 1, 2048, 64, tags=("decode",)),
+        ]
+    return cases
+
+
+class Libraries:
+    """The optional comparison libraries, imported once when first asked for."""
+
+    def __init__(self, threads: int, wanted=IMPLS):
+        self.threads, self.wanted, self.notes = threads, tuple(wanted), []
+        self.versions = {"fastattn": fastattn.__version__, "numpy": np.__version__}
+
+    @functools.cached_property
+    def torch(self):
+        if "torch" not in self.wanted:
+            return None
+        try:
+            import torch
+        except ImportError:
+            self.notes.append("PyTorch is not installed (pip install torch): no torch column.")
+            return None
+        torch.set_num_threads(self.threads)
+        self.versions["torch"] = torch.__version__
+        return torch
+
+    @functools.cached_property
+    def jax(self):
+        if "jax" not in self.wanted:
+            return None
+        try:
+            import jax
+        except ImportError:
+            self.notes.append("JAX is not installed (pip install jax): no jax column.")
+            return None
+        jax.config.update("jax_enable_x64", True)  # float64 rows; float32 arrays stay float32
+        self.versions["jax"] = jax.__version__
+        self.notes.append("JAX (XLA) chooses its own CPU thread count; --threads does not "
+                          "reach it.")
+        return jax
+
+    def available(self) -> list[str]:
+        have = {"fastattn": True, "numpy": True, "torch": self.torch is not None,
+                "jax": self.jax is not None}
+        return [name for name in IMPLS if name in self.wanted and have[name]]
+
+
+@dataclass
+class Workload:
+    """A case's inputs in one dtype, the candidates that compute it, and its check."""
+
+    case: Case
+    dtype: str
+    candidates: dict[str, Callable[[], object]] = field(default_factory=dict)
+    to_numpy: dict[str, Callable[[object], np.ndarray]] = field(default_factory=dict)
+    reference: Callable[[], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] | None = None
+
+    def first_calls(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Call every candidate once: the max absolute difference of its answer from the
+        float64 reference (on a subset of rows for large shapes), and the seconds the call
+        took (a first call: it pays for thread pools, page faults, JIT)."""
+        expected, take = self.reference()
+        errors, seconds = {}, {}
+        for name, fn in self.candidates.items():
+            start = time.perf_counter()
+            result = fn()
+            seconds[name] = time.perf_counter() - start
+            got = self.to_numpy.get(name, np.asarray)(result)
+            diff = np.abs(take(got).astype(np.float64) - expected)
+            errors[name] = float(diff.max()) if diff.size else 0.0
+        return errors, seconds
+
+
+def _rng_arrays(rng, dtype, *shapes):
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0) -> Workload:
+    """Inputs and candidates of ``case`` in ``dtype``, for the implementations in ``impls``
+    that can compute it (torch and JAX only have scaled dot-product attention)."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    work = Workload(case, dtype)
+    if case.kind == "sdpa":
+        _build_sdpa(work, rng, dt, libs, impls)
+    elif case.kind == "additive":
+        _build_additive(work, rng, dt)
+    elif case.kind == "masked_softmax":
+        _build_masked_softmax(work, rng, dt)
+    else:
+        raise ValueError(f"unknown case kind {case.kind!r}")
+    work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}
+    return work
+
+
+def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
+    b, hq, hkv, lq, lk, e = work.case.dims
+    causal = work.case.causal
+    q, k, v = _rng_arrays(rng, dt, (b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e))
+    group = hq // hkv
+    work.candidates["fastattn"] = functools.partial(
+        fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal)
+    work.candidates["numpy"] = functools.partial(numpy_sdpa, q, k, v, causal)
+    if "torch" in impls and libs.torch is not None:
+        torch = libs.torch
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if group > 1:
+            kw = {"enable_gqa": True}
+
+            def run_torch():
+                with torch.no_grad():
+                    return sdpa(tq, tk, tv, is_causal=causal, **kw)
+        else:
+            def run_torch():
+                with torch.no_grad():
+                    return sdpa(tq, tk, tv, is_causal=causal)
+        work.candidates["torch"] = run_torch
+        work.to_numpy["torch"] = lambda t: t.numpy()
+    if "jax" in impls and libs.jax is not None:
+        jax = libs.jax
+        attend = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=causal))
+        jq, jk, jv = (jax.device_put(np.ascontiguousarray(np.swapaxes(a, 1, 2)))
+                      for a in (q, k, v))  # JAX's layout is (B, L, heads, E)
+        work.candidates["jax"] = lambda: attend(jq, jk, jv).block_until_ready()
+        work.to_numpy["jax"] = lambda a: np.swapaxes(np.asarray(a), 1, 2)
+
+    def reference():
+        # The first query rows of the first kv head's group (top-left causal rows keep
+        # their meaning when later rows are dropped).
+        rows = max(1, min(lq, _REFERENCE_ELEMENTS // (group * lk)))
+        expected = fastattn.reference.scaled_dot_product_attention(
+            q[:1, :group, :rows].astype(np.float64), k[:1, :1].astype(np.float64),
+            v[:1, :1].astype(np.float64), is_causal=causal)
+        return expected, lambda out: out[:1, :group, :rows]
+
+    work.reference = reference
+
+
+def _build_additive(work: Workload, rng, dt) -> None:
+    b, lq, lk, d, hidden = work.case.dims
+    q, k, v = _rng_arrays(rng, dt, (b, lq, d), (b, lk, d), (b, lk, d))
+    w_q, w_k = (a / dt.type(np.sqrt(d)) for a in _rng_arrays(rng, dt, (d, hidden), (d, hidden)))
+    (w_v,) = _rng_arrays(rng, dt, (hidden,))
+    args = (q, k, v, w_q, w_k, w_v)
+    work.candidates["fastattn"] = functools.partial(fastattn.additive_attention, *args)
+    work.candidates["numpy"] = functools.partial(numpy_additive, *args)
+
+    def reference():
+        rows = max(1, min(lq, _REFERENCE_ELEMENTS // (lk * hidden)))
+        expected = fastattn.reference.additive_attention(
+            *(a.astype(np.float64) for a in (q[:1, :rows], k[:1], v[:1], w_q, w_k, w_v)))
+        return expected, lambda out: out[:1, :rows]
+
+    work.reference = reference
+
+
+def _build_masked_softmax(work: Workload, rng, dt) -> None:
+    b, lq, lk = work.case.dims
+    (x,) = _rng_arrays(rng, dt, (b, lq, lk))
+    valid_lens = rng.integers(1, lk + 1, size=b)
+    work.candidates["fastattn"] = functools.partial(fastattn.masked_softmax, x, valid_lens)
+    work.candidates["numpy"] = functools.partial(numpy_masked_softmax, x, valid_lens)
+
+    def reference():
+        m = max(1, min(b, _REFERENCE_ELEMENTS // (lq * lk)))
+        expected = fastattn.reference.masked_softmax(x[:m].astype(np.float64), valid_lens[:m])
+        return expected, lambda out: out[:m]
+
+    work.reference = reference
