@@ -72,14 +72,14 @@ def run(emulator, launches):
 # scaled_dot_product_attention
 
 
-@examples(1.5)
+@examples(1.0)
 @given(spec=sdpa_tests.specs())
 def test_sdpa_matches_reference(run, spec):
     """Shapes, broadcasting, GQA, dtypes (float16 too), layouts, masks, lse/weights."""
     check_sdpa_spec(run, spec, sdpa_tests.build)
 
 
-@examples(0.75)
+@examples(0.5)
 @given(spec=sdpa_tests.specs(masks="always"))
 def test_sdpa_with_masks(run, spec):
     check_sdpa_spec(run, spec, sdpa_tests.build)
@@ -104,7 +104,7 @@ def test_sdpa_huge_logits(run, spec):
     check_sdpa_spec(run, spec, sdpa_tests.build)
 
 
-@examples(0.75)
+@examples(0.5)
 @given(spec=sdpa_tests.specs_with_empty_rows())
 def test_sdpa_fully_masked_rows(run, spec):
     check_sdpa_empty_rows(run, spec, sdpa_tests.build_with_empty_rows)
@@ -180,7 +180,7 @@ def test_sdpa_broadcast_inputs(run):
 # masked_softmax and additive_attention
 
 
-@examples(1.0)
+@examples(0.75)
 @given(case=softmax_tests.cases())
 def test_masked_softmax_matches_reference(run, case):
     check_softmax_case(run, case, softmax_tests.build)
@@ -208,7 +208,7 @@ def test_masked_softmax_special_rows(run):
     np.testing.assert_array_equal(got[4], [1.0, 0.0, 0.0, 0.0])
 
 
-@examples(1.0)
+@examples(0.75)
 @given(case=additive_tests.additive_cases())
 def test_additive_matches_reference(run, case):
     check_additive_case(run, case, family_build, additive_tests.make_weights, DTYPES)
