@@ -256,9 +256,12 @@ class Projection:
         self._bias = np.array(a, dtype=self._dtype)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        y = np.matmul(x, self._weight.T, out=out)
-        if self._bias is not None:
-            y += self._bias
+        # NaN/inf inputs (padding past valid_lens may hold anything) propagate quietly, as
+        # in the attention kernel: no RuntimeWarning from NumPy's matmul.
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = np.matmul(x, self._weight.T, out=out)
+            if self._bias is not None:
+                y += self._bias
         return y
 
     def into_heads(self, x: np.ndarray, num_heads: int, out: np.ndarray) -> np.ndarray:
@@ -266,9 +269,10 @@ class Projection:
         matmul per head, no intermediate array (for the head-major KV cache)."""
         in_f = self._weight.shape[1]
         w = self._weight.reshape(num_heads, -1, in_f).transpose(0, 2, 1)  # (H, in, D) view
-        y = np.matmul(x[:, None], w, out=out)
-        if self._bias is not None:
-            y += self._bias.reshape(num_heads, 1, -1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = np.matmul(x[:, None], w, out=out)
+            if self._bias is not None:
+                y += self._bias.reshape(num_heads, 1, -1)
         return y
 
     def __repr__(self) -> str:

@@ -296,6 +296,20 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
     )
 
 
+def may_self_overlap(a: np.ndarray) -> bool:
+    """Whether two elements of ``a`` may share memory (a stride-0 axis of size > 1, or any
+    axes whose strides interleave: each axis, by increasing stride, must step past the whole
+    extent of the smaller ones)."""
+    if a.size == 0:
+        return False
+    extent = a.itemsize
+    for stride, n in sorted((abs(s), n) for s, n in zip(a.strides, a.shape) if n > 1):
+        if stride < extent:
+            return True
+        extent += stride * (n - 1)
+    return False
+
+
 def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.ndarray:
     """A caller-supplied ``out=`` buffer: exact shape and dtype, writeable, no aliasing."""
     if not isinstance(out, np.ndarray):
@@ -307,6 +321,11 @@ def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.nd
         )
     if not out.flags.writeable:
         raise ValueError("out must be writeable")
+    if may_self_overlap(out):
+        raise ValueError(
+            f"out has overlapping elements (shape {out.shape}, strides {out.strides}): pass a "
+            "buffer whose elements are distinct"
+        )
     for name, arr in inputs.items():
         if arr is not None and np.may_share_memory(out, arr):
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")

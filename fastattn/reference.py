@@ -226,8 +226,9 @@ def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_
                                                   if a is not None])
 
     def project(x, w, bias):
-        y = x.astype(np.float64) @ w.astype(np.float64).T
-        return y if bias is None else y + bias.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs propagate
+            y = x.astype(np.float64) @ w.astype(np.float64).T
+            return y if bias is None else y + bias.astype(np.float64)
 
     q = split_heads(project(q_in, wq, bq), num_heads)
     k = split_heads(project(k_in, wk, bk), num_kv)

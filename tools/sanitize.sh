@@ -98,9 +98,14 @@ for a in "${pytest_args[@]}"; do
   fi
 done
 
+# Reports go to files as well as stderr: pytest captures a test's stderr, and a process
+# that the sanitizer ends takes the captured text with it (subprocesses report here too).
+reports="$dir/reports"
+rm -rf "$reports"
+mkdir -p "$reports"
 export LD_PRELOAD="$runtime:$cxxlib${LD_PRELOAD:+:$LD_PRELOAD}"
-export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:${ASAN_OPTIONS:-}"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+export ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:log_path=$PWD/$reports/asan:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$PWD/$reports/ubsan:${UBSAN_OPTIONS:-}"
 export FASTATTN_FUZZ_EXAMPLES=${FASTATTN_FUZZ_EXAMPLES:-150}
 # The venv's pytest script (not `python -m pytest`, which would put the source tree first on
 # sys.path): `import fastattn` finds the instrumented install.
@@ -108,5 +113,16 @@ echo "+ $venv/bin/pytest ${existing[*]}"
 status=0
 "$venv/bin/pytest" -q -p no:cacheprovider "${existing[@]}" || status=$?
 end=$(date +%s)
+# Only findings fail the run (ASan also logs warnings, e.g. about swapcontext).
+if compgen -G "$reports/*" > /dev/null; then
+  if grep -l -E "ERROR: |runtime error:|SUMMARY: " "$reports"/* > /dev/null; then
+    echo "tools/sanitize.sh: sanitizer findings:" >&2
+    cat "$reports"/* >&2
+    status=1
+  else
+    echo "tools/sanitize.sh: sanitizer notes (not findings):" >&2
+    cat "$reports"/* >&2
+  fi
+fi
 echo "tools/sanitize.sh: build $((built - start)) s, tests $((end - built)) s, exit $status"
 exit $status
