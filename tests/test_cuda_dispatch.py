@@ -165,6 +165,8 @@ SDPA_BAD = [
     ({"num_threads": 0}, ValueError),
     ({"out": np.empty((5, 3), F32)}, ValueError),
     ({"out": np.empty((5, 4), np.float64)}, ValueError),
+    ({"out": np.lib.stride_tricks.as_strided(np.empty(4, F32), (5, 4), (0, 4))},
+     ValueError),  # overlapping elements
 ]
 
 
