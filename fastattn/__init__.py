@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import os as _os
 
-from fastattn import _core, reference  # noqa: F401 - fastattn.reference, the oracle
+try:
+    from fastattn import _core
+except ImportError as _exc:
+    if any(n.startswith("_core.") and not n.endswith(".pyi") for n in _os.listdir(__path__[0])):
+        raise
+    raise ImportError(  # e.g. `python -m fastattn.bench` run in the source checkout
+        f"fastattn's compiled module is not in {__path__[0]}: this is the source tree (Python "
+        "looks in the current directory first), not the installed package. Run from another "
+        "directory, use the console script (fastattn-bench), or install in editable mode "
+        "(README, Development).") from _exc
+from fastattn import reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
 from fastattn._mha import KVCache, MultiHeadAttention

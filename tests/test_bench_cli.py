@@ -162,3 +162,18 @@ def test_baselines_and_flops():
     flops = bench.attention_flops((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))
     assert flops == 4 * 2 * 4 * 8 * 8 * 16
     assert bench.causal_fraction(4, 4) == pytest.approx(10 / 16)
+
+
+def test_console_script_runs_in_the_source_checkout():
+    """README's first command runs `fastattn-bench` in the checkout, where `python -m` would
+    import the uncompiled fastattn/ folder."""
+    script = Path(sys.executable).parent / ("fastattn-bench.exe" if sys.platform == "win32"
+                                            else "fastattn-bench")
+    if not script.exists():
+        pytest.skip("the fastattn-bench console script is not installed next to this Python")
+    checkout = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([str(script), "--list", "--quick", "--shapes", "encoder"],
+                          cwd=checkout, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("encoder 1x12 512x512 E64")

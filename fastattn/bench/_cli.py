@@ -17,7 +17,7 @@ float32 and float64. Writes report.md, report.json and PNG plots into --out."""
 
 EPILOG = """\
 presets: --quick (under a minute), default (a few minutes), --full (longer sequences, more
-rounds). Examples:
+rounds). `fastattn-bench` (the console script) is the same command. Examples:
   python -m fastattn.bench --quick --out bench-report
   python -m fastattn.bench --shapes causal,decode --dtype float32 --threads 1
   python -m fastattn.bench --list          # the cases of the chosen preset
@@ -49,8 +49,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def program() -> str:
+    """How this was started: ``fastattn-bench`` (the console script) or ``python -m ...``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "fastattn-bench" if name.startswith("fastattn-bench") else "python -m fastattn.bench"
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fastattn.bench", description=DESCRIPTION,
+    p = argparse.ArgumentParser(prog=program(), description=DESCRIPTION,
                                 epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     preset = p.add_mutually_exclusive_group()
@@ -103,11 +109,11 @@ def main(argv=None) -> int:
     settings = Settings(preset=args.preset, shapes=words, dtypes=args.dtype,
                         impls=tuple(dict.fromkeys(("fastattn", *args.impls))),
                         threads=args.threads, rounds=args.rounds, seed=args.seed,
-                        command=shlex.join(["python", "-m", "fastattn.bench", *argv_used]))
+                        command=shlex.join([*program().split(), *argv_used]))
     try:
         doc = run(settings)
     except ValueError as exc:
-        print(f"python -m fastattn.bench: {exc}", file=sys.stderr)
+        print(f"{program()}: {exc}", file=sys.stderr)
         return 2
     if args.no_plots:
         plots, note = [], "No plots: --no-plots was given."
