@@ -504,3 +504,17 @@ def test_sdpa_scores_near_the_float_limit(isa, dtype):
     np.testing.assert_array_equal(expected, v[[0, 2]])
     got = fastattn.scaled_dot_product_attention(q, k, v, scale=1.0)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_scratch_that_cannot_be_had_raises_memory_error():
+    """Additive attention projects every query row: 2**23 rows x 2**22 hidden units is
+    2**47 bytes of scratch, more than any address space. A clear MemoryError, nothing
+    half-written, and the next call works."""
+    q = np.ones((2**23, 1, 1), np.float32)
+    one = np.ones((1, 1, 1), np.float32)
+    w = np.ones((1, 2**22), np.float32)
+    with pytest.raises(MemoryError, match="could not allocate the scratch memory of the "
+                                          "additive kernel"):
+        fastattn.additive_attention(q, one, one, w, w, np.ones(2**22, np.float32))
+    q, k, v = inputs()
+    run(OPS[6], q, k, v)  # additive_attention

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "api/errors.h"
 #include "api/family_params.h"
 #include "dispatch/isa.h"
 
@@ -200,7 +201,7 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   p.num_threads = c.num_threads;
   const KernelTable& kernels = active_kernels();
   const bool ok = c.x.itemsize == 4 ? kernels.masked_softmax_f32(p) : kernels.masked_softmax_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError(fn);
 }
 
 void additive_attention(const FamilyCall& c) {
@@ -224,7 +225,7 @@ void additive_attention(const FamilyCall& c) {
   p.w_v = c.w_v.data;
   const KernelTable& kernels = active_kernels();
   const bool ok = itemsize == 4 ? kernels.additive_f32(p) : kernels.additive_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError(fn);
 }
 
 void select_attention(const FamilyCall& c) {
@@ -234,7 +235,7 @@ void select_attention(const FamilyCall& c) {
   require(p.normalizer == Normalizer::kSelect, fn, "the select kernel needs normalizer 1");
   const KernelTable& kernels = active_kernels();
   const bool ok = c.query.itemsize == 4 ? kernels.select_f32(p) : kernels.select_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError(fn);
 }
 
 void nadaraya_watson(const FamilyCall& c) {
@@ -257,7 +258,7 @@ void nadaraya_watson(const FamilyCall& c) {
   const KernelTable& kernels = active_kernels();
   const bool ok =
       c.query.itemsize == 4 ? kernels.nadaraya_watson_f32(p) : kernels.nadaraya_watson_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError(fn);
 }
 
 void project(const ProjectCall& c) {
@@ -287,7 +288,7 @@ void project(const ProjectCall& c) {
   p.num_threads = c.num_threads;
   const KernelTable& kernels = active_kernels();
   const bool ok = itemsize == 4 ? kernels.project_f32(p) : kernels.project_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError(fn);
 }
 
 }  // namespace fastattn

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "api/errors.h"
 #include "api/sdpa_params.h"
 #include "dispatch/isa.h"
 
@@ -141,7 +142,7 @@ void scaled_dot_product_attention(const SdpaCall& c) {
 
   const KernelTable& kernels = active_kernels();
   const bool ok = itemsize == 4 ? kernels.sdpa_f32(p) : kernels.sdpa_f64(p);
-  if (!ok) throw std::bad_alloc();
+  if (!ok) throw ScratchAllocationError("sdpa");
 }
 
 }  // namespace fastattn
