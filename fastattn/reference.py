@@ -141,7 +141,7 @@ def scaled_dot_product_attention(
         with np.errstate(invalid="ignore", over="ignore"):
             w = weights[..., None]
             terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
-        output = terms.sum(axis=-2)
+            output = terms.sum(axis=-2)  # inf + -inf = NaN
 
     output = output.reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:

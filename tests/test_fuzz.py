@@ -70,6 +70,7 @@ from fastattn._validate_family import (
     additive_args,
     attention_spec,
     regression_args,
+    silverman_bandwidth,
 )
 
 EXAMPLES = int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", "25"))
@@ -972,6 +973,20 @@ def regression_cases(draw):
             "return_weights": draw(st.booleans()), "out": out_mode(draw, bad)}
 
 
+def lowest_bandwidth(bw, keys) -> float:
+    """The smallest bandwidth a call will use (0 if unknown or invalid)."""
+    try:
+        if isinstance(bw, str):
+            x = np.asarray(keys, np.float64)
+            return float(np.min(silverman_bandwidth(x[:, None] if x.ndim == 1 else x)))
+        if isinstance(bw, (bool, np.bool_)):
+            return 0.0
+        h = float(np.min(bw))
+        return h if math.isfinite(h) and h > 0 else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def build_regression(c):
     rng = np.random.default_rng(c["seed"])
     batch = c["batch"]
@@ -993,17 +1008,6 @@ def build_regression(c):
     if c["corrupt"] == "rank0":
         shapes["q"] = ()
     vals = {n: draw_values(rng, shapes[n], c["specs"][n]["mag"]) for n in "qky"}
-    if c["specials"] == "anywhere":
-        target = c["_target"]
-        if target == "y":  # only where no gaussian weight can underflow (module doc)
-            dist = (row_norm_max(vals["q"]) + row_norm_max(vals["k"])) if vals["q"].ndim \
-                else 1e300
-            if not (c["kernel"] != "gaussian" or dist * dist / 2 <= 38.0):
-                target = "q"
-        if c["specs"][target]["layout"] in KEEPS_VALUES:
-            place(rng, vals[target], int(rng.integers(1, 4)))
-    x_query, x_keys, y_values = (realize(vals[n], dtype_of(*c["specs"][n]["dtype"]),
-                                         c["specs"][n]["layout"], rng) for n in "qky")
     bw = c["bandwidth"]
     if bw == "scalar":
         bw = float(rng.uniform(0.3, 3.0))
@@ -1014,6 +1018,18 @@ def build_regression(c):
         bw = 1e-300
     elif bw == "bool":
         bw = True
+    if c["specials"] == "anywhere":
+        target = c["_target"]
+        if target == "y" and c["kernel"] == "gaussian":
+            # only where no gaussian weight can underflow: (max distance / h)^2 / 2 <= 38
+            dist = row_norm_max(vals["q"]) + row_norm_max(vals["k"]) if vals["q"].ndim \
+                else math.inf
+            if not (lowest_bandwidth(bw, vals["k"]) * math.sqrt(2 * 38.0) >= dist):
+                target = "q"
+        if c["specs"][target]["layout"] in KEEPS_VALUES:
+            place(rng, vals[target], int(rng.integers(1, 4)))
+    x_query, x_keys, y_values = (realize(vals[n], dtype_of(*c["specs"][n]["dtype"]),
+                                         c["specs"][n]["layout"], rng) for n in "qky")
     kwargs = {"kernel": c["kernel"], "bandwidth": bw, "num_threads": c["num_threads"],
               "return_weights": c["return_weights"]}
     info = None
