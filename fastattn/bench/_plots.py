@@ -70,49 +70,53 @@ def time_vs_length(doc: dict, path: Path) -> bool:
 
 
 def speedups(doc: dict, path: Path) -> bool:
-    """fastattn's speed-up over each baseline, a group of bars per row (log scale)."""
+    """fastattn's speed-up over each baseline: a panel per dtype, a group of bars per case
+    (log scale, bars grow from 1x: right when fastattn is faster, left when slower)."""
     rows = [r for r in doc["rows"] if r["speedup"]]
     if not rows:
         return False
     bases = [b for b in ("numpy", "torch", "jax") if any(b in r["speedup"] for r in rows)]
-    height = 0.55 + 0.19 * len(bases) * len(rows) + 0.12 * len(rows)
-    fig = _figure(8.0, max(2.5, height))
-    ax = fig.subplots()
-    step = len(bases) + 0.8
-    bar = 0.9
-    labels, ticks, biggest, labelled = [], [], 1.0, set()
-    for i, row in enumerate(reversed(rows)):
-        base_y = i * step
-        for j, b in enumerate(reversed(bases)):
-            if b not in row["speedup"]:
-                continue
-            s = row["speedup"][b]
-            biggest = max(biggest, s)
-            y = base_y + j
-            # bars grow from 1x: right when fastattn is faster, left when slower
-            ax.barh(y, s - 1.0, left=1.0, height=bar, color=COLORS[b],
-                    label=None if b in labelled else f"vs {b}")
-            labelled.add(b)
-            ax.text(s * 1.04 if s >= 1 else s / 1.04, y,
-                    f"{s:.2f}x" if s < 10 else f"{s:.0f}x", va="center",
-                    ha="left" if s >= 1 else "right", fontsize=7)
-        labels.append(f"{row['case']} {row['dtype']}")
-        ticks.append(base_y + (len(bases) - 1) / 2)
-    ax.set_xscale("log")
-    smallest = min(min(r["speedup"].values()) for r in rows)
-    ax.set_xlim(min(0.5, smallest / 1.6), biggest * 2.2)
-    ax.axvline(1.0, color="0.2", linewidth=1)
-    ax.set_yticks(ticks)
-    ax.set_yticklabels(labels, fontsize=7)
-    ax.set_xlabel("speed-up of fastattn (baseline time / fastattn time, log scale; "
-                  "> 1: fastattn is faster)", fontsize=8)
-    handles, names = ax.get_legend_handles_labels()
+    dtypes = [d for d in STYLES if any(r["dtype"] == d for r in rows)]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    speed = {(r["case"], r["dtype"]): r["speedup"] for r in rows}
+    values = [s for r in rows for s in r["speedup"].values()]
+    lo, hi = min(0.5, min(values) / 1.6), max(values) * 2.2
+    step = len(bases) + 0.8  # a case's group of bars, then a gap
+    fig = _figure(3.0 + 3.6 * len(dtypes), max(2.5, 0.9 + 0.16 * step * len(cases)))
+    axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)[0]
+    for ax, dtype in zip(axes, dtypes):
+        labelled = set()
+        for i, case in enumerate(reversed(cases)):
+            for j, b in enumerate(reversed(bases)):
+                s = speed.get((case, dtype), {}).get(b)
+                if s is None:
+                    continue
+                y = i * step + j
+                ax.barh(y, s - 1.0, left=1.0, height=0.9, color=COLORS[b],
+                        label=None if b in labelled else f"vs {b}")
+                labelled.add(b)
+                ax.text(s * 1.04 if s >= 1 else s / 1.04, y,
+                        f"{s:.2f}x" if s < 10 else f"{s:.0f}x", va="center",
+                        ha="left" if s >= 1 else "right", fontsize=6.5)
+        ax.set_xscale("log")
+        ax.set_xlim(lo, hi)
+        ax.axvline(1.0, color="0.2", linewidth=1)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+        ax.set_title(dtype, fontsize=10)
+        ax.set_xlabel("baseline time / fastattn time", fontsize=8)
+    axes[0].set_yticks([i * step + (len(bases) - 1) / 2 for i in range(len(cases))])
+    axes[0].set_yticklabels(list(reversed(cases)), fontsize=7)
+    handles, names = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
     order = sorted(range(len(names)), key=lambda k: bases.index(names[k][3:]))
-    ax.legend([handles[k] for k in order], [names[k] for k in order], fontsize=8,
-              loc="lower right")
-    ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.set_title(f"fastattn speed-up, same run, {doc['machine']['threads']} threads",
-                 fontsize=10)
+    fig.legend([handles[k] for k in order], [names[k] for k in order], fontsize=8,
+               loc="outside lower center", ncols=len(bases))
+    fig.suptitle(f"fastattn's speed-up, same run, {doc['machine']['threads']} threads "
+                 "(log scale; > 1x: fastattn is faster)", fontsize=10)
     fig.savefig(path)
     return True
 
