@@ -506,6 +506,39 @@ def test_sdpa_scores_near_the_float_limit(isa, dtype):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.xfail(strict=True, reason=SDPA_DEFECT + "weights are exp2(s - lse2) with "
+                   "lse2 = m + log2(l) in the compute dtype: once |m| is large (float32 scores "
+                   "of 1e8) log2(l) is lost and the weights no longer sum to 1 (the output is "
+                   "right)")
+def test_sdpa_weights_of_large_scores_sum_to_one(isa):
+    q = np.array([[1e4]], np.float32)
+    k = np.array([[1e4], [1e4], [1.0]], np.float32)  # scores 1e8, 1e8, 1e4
+    v = np.eye(3, dtype=np.float32)
+    out, w = fastattn.scaled_dot_product_attention(q, k, v, scale=1.0, return_weights=True)
+    np.testing.assert_array_equal(out, [[0.5, 0.5, 0.0]])
+    np.testing.assert_array_equal(w, [[0.5, 0.5, 0.0]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_family_weights_of_large_scores_sum_to_one(isa, dtype):
+    """The family kernels' weights are e^(s - max) / sum, right for scores of any size."""
+    big = np.sqrt(np.finfo(dtype).max) / 4  # additive scores of w_v = 1e8 (f32) or 3e153
+    q = np.ones((1, 1), dtype)
+    k = np.ones((3, 1), dtype)
+    v = np.eye(3, dtype=dtype)
+    one = np.ones((1, 1), dtype)
+    out, w = fastattn.additive_attention(q, k, v, one, one, np.array([big], dtype),
+                                         return_weights=True)
+    np.testing.assert_allclose(w, np.full((1, 3), 1 / 3), rtol=4 * np.finfo(dtype).eps)
+    np.testing.assert_allclose(out, w, rtol=4 * np.finfo(dtype).eps)
+    xk = np.array([0.0, 1.0, -1.0], dtype)  # distances 1e4 / h apart: u^2 / 2 ~ 1e8 (f32)
+    h = 1e-4 if dtype == np.float32 else 1e-100
+    y, w = fastattn.nadaraya_watson(np.array([0.5], dtype), xk, np.arange(3, dtype=dtype),
+                                    bandwidth=h, return_weights=True)
+    np.testing.assert_array_equal(w, [[0.5, 0.5, 0.0]])
+    np.testing.assert_array_equal(y, [0.5])
+
+
 def test_scratch_that_cannot_be_had_raises_memory_error():
     """Additive attention projects every query row: 2**23 rows x 2**22 hidden units is
     2**47 bytes of scratch, more than any address space. A clear MemoryError, nothing

@@ -532,8 +532,10 @@ struct OnlineSoftmax {
         if (is_empty) {
           for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = T(0);
         } else {
-          const T lse = m[r] + T(__builtin_log(double(l[r])));
-          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = exp_approx(w[j] - lse);
+          // e^(s - m) / l, not e^(s - lse): m + log(l) drops log(l) once |m| is large
+          // (float32 scores of 1e8), and the weights would no longer sum to 1.
+          const T inv_l = T(1) / l[r];
+          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
         }
       }
     }
