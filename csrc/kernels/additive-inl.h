@@ -2,8 +2,8 @@
 // ISA (additive_<isa>.cpp). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @ w_k):
 //   1. project every query row and key row once (O((Lq + Lk) * hidden) memory; the keys
 //      go into panels of one vector's width, hidden-major, so the score loop streams them);
-//      when every projection is moderate, replace each value x by e^(2x) (see
-//      AdditiveScores: tanh(a + b) then costs a multiply-add and half a division);
+//      and each value x also as e^(2x); when every projection is moderate the scores use
+//      those (see AdditiveScores: tanh(a + b) then costs a multiply-add and half a division);
 //   2. run the blocked driver (family-inl.h): per (query-row tile, key vector) accumulate
 //      the hidden terms, never forming the Lq x Lk x hidden tensor; then online softmax
 //      (or hardmax/top-k) and P V.
@@ -160,14 +160,16 @@ bool additive_attention(const FamilyParams& p) {
   const int64_t q_rows = batch * p.num_heads_q * Lq;
   const int64_t k_rows = batch * p.num_heads_kv * lk_pad;
   const int64_t kp_stride = lk_pad * H;
-  T* qp = alloc_values<T>(q_rows * H);
+  T* qp = alloc_values<T>(q_rows * H);  // projections
   T* kp = alloc_values<T>(k_rows * H);
+  T* qe = alloc_values<T>(q_rows * H);  // e^(2 x) of them
+  T* ke = alloc_values<T>(k_rows * H);
   T* w2 = alloc_values<T>(H);
   // Keys each (batch, kv head) may show to some row: those past every row's valid length
   // are never read (they may hold garbage) -- their projections are zeros, and masked.
   int64_t* kv_len = static_cast<int64_t*>(
       std::aligned_alloc(64, size_t(round_up(imax(batch * p.num_heads_kv, 1) * 8, 64))));
-  bool ok = qp && kp && w2 && kv_len;
+  bool ok = qp && kp && qe && ke && w2 && kv_len;
   bool in_range = true;
   if (ok) {
     const int64_t group = p.num_heads_q / p.num_heads_kv;
@@ -192,11 +194,15 @@ bool additive_attention(const FamilyParams& p) {
     }
   }
   if (ok) {
+    // One parallel region, no barrier inside: every projection row is written both as is
+    // (qp, kp) and as e^(2x) (qe, ke), and checked against AdditiveLimits on the way (an
+    // AND-reduction, so the choice of path does not depend on the thread count). Few
+    // synchronisation points matter when the machine is oversubscribed.
     const T* wq = static_cast<const T*>(p.w_q);
     const T* wk = static_cast<const T*>(p.w_k);
+    const T lim = AdditiveLimits<T>::kMaxArg;
     const int threads = int(imax(1, imin(p.num_threads, (q_rows + k_rows + 63) / 64)));
-    const int64_t chunk = 4096;  // values per range-check / exp chunk
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) reduction(&& : in_range)
     {
       T* row = alloc_values<T>(H);
       if (!row) {
@@ -204,7 +210,7 @@ bool additive_attention(const FamilyParams& p) {
         ok = false;
       }
       int64_t coord[kMaxBatchDims];
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < q_rows; ++r) {
         const int64_t i = r % Lq, bh = r / Lq, h = bh % p.num_heads_q;
         for (int64_t d = p.batch_ndim - 1, rest = bh / p.num_heads_q; d >= 0; --d) {
@@ -214,15 +220,22 @@ bool additive_attention(const FamilyParams& p) {
         const T* x = static_cast<const T*>(p.q.data) +
                      batch_offset(p.q.batch_stride, coord, p.batch_ndim) + h * p.q.head_stride +
                      i * p.q.row_stride;
-        project_row(x, p.dim_q, wq, H, qp + r * H);
+        T* out = qp + r * H;
+        project_row(x, p.dim_q, wq, H, out);
+        in_range = in_range && all_within(out, H, lim);
+        std::memcpy(qe + r * H, out, size_t(H) * sizeof(T));
+        exp2x_inplace(qe + r * H, H);
       }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < k_rows; ++r) {
         if (!row) continue;
         const int64_t j = r % lk_pad, bh = r / lk_pad, h = bh % p.num_heads_kv;
-        T* panel = kp + bh * kp_stride + j / L * H * L + j % L;
-        if (j >= kv_len[bh]) {
-          for (int64_t c = 0; c < H; ++c) panel[c * L] = T(0);
+        const int64_t at = bh * kp_stride + j / L * H * L + j % L;
+        if (j >= kv_len[bh]) {  // never read: zero (e^0 = 1), masked by the driver
+          for (int64_t c = 0; c < H; ++c) {
+            kp[at + c * L] = T(0);
+            ke[at + c * L] = T(1);
+          }
           continue;
         }
         for (int64_t d = p.batch_ndim - 1, rest = bh / p.num_heads_kv; d >= 0; --d) {
@@ -233,33 +246,12 @@ bool additive_attention(const FamilyParams& p) {
                      batch_offset(p.k.batch_stride, coord, p.batch_ndim) + h * p.k.head_stride +
                      j * p.k.row_stride;
         project_row(x, p.dim_k, wk, H, row);
-        for (int64_t c = 0; c < H; ++c) panel[c * L] = row[c];
+        in_range = in_range && all_within(row, H, lim);
+        for (int64_t c = 0; c < H; ++c) kp[at + c * L] = row[c];
+        exp2x_inplace(row, H);
+        for (int64_t c = 0; c < H; ++c) ke[at + c * L] = row[c];
       }
       std::free(row);
-      // The exponential path needs every projection within AdditiveLimits (an AND, so
-      // the decision does not depend on the thread count).
-      const T lim = AdditiveLimits<T>::kMaxArg;
-#pragma omp for schedule(static) reduction(&& : in_range)
-      for (int64_t c = 0; c < (q_rows * H + k_rows * H + chunk - 1) / chunk; ++c) {
-        const int64_t lo = c * chunk, hi = imin(lo + chunk, q_rows * H + k_rows * H);
-        const int64_t qa = imin(lo, q_rows * H), qb = imin(hi, q_rows * H);
-        in_range = in_range && all_within(qp + qa, qb - qa, lim) &&
-                   all_within(kp + imax(lo - q_rows * H, 0),
-                              imax(hi - q_rows * H, 0) - imax(lo - q_rows * H, 0), lim);
-      }
-      // (the reduction's result is visible to every thread after the loop's barrier)
-      const T* wv = static_cast<const T*>(p.w_v);
-      const bool use_exp = in_range && all_within(wv, H, AdditiveLimits<T>::kMaxWeight);
-      if (use_exp) {
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < (q_rows * H + k_rows * H + chunk - 1) / chunk; ++c) {
-          const int64_t lo = c * chunk, hi = imin(lo + chunk, q_rows * H + k_rows * H);
-          const int64_t qa = imin(lo, q_rows * H), qb = imin(hi, q_rows * H);
-          exp2x_inplace(qp + qa, qb - qa);
-          exp2x_inplace(kp + imax(lo - q_rows * H, 0),
-                        imax(hi - q_rows * H, 0) - imax(lo - q_rows * H, 0));
-        }
-      }
     }
   }
   if (ok) {
@@ -272,8 +264,8 @@ bool additive_attention(const FamilyParams& p) {
     }
     if (use_exp) {
       typename AdditiveScores<T, true>::Shared sh;
-      sh.qp = qp;
-      sh.kp = kp;
+      sh.qp = qe;
+      sh.kp = ke;
       sh.kp_stride = kp_stride;
       sh.w = w2;
       sh.w_sum = w_sum;
@@ -289,6 +281,8 @@ bool additive_attention(const FamilyParams& p) {
   }
   std::free(qp);
   std::free(kp);
+  std::free(qe);
+  std::free(ke);
   std::free(w2);
   std::free(kv_len);
   return ok;

@@ -293,7 +293,7 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
       failed = true;
     }
     // Hand out later query blocks first (a causal mask gives them more keys).
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait  // (each thread frees only its own scratch)
     for (int64_t task = 0; task < tasks; ++task) {
       if (!raw) continue;
       const int64_t qb = q_blocks - 1 - task % q_blocks;

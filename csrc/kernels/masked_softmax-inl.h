@@ -148,7 +148,7 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
       failed = true;
     }
     int64_t coord[kMaxRowDims];
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait  // (each thread frees only its own scratch)
     for (int64_t c = 0; c < chunks; ++c) {
       if (!ok) continue;
       const int64_t r0 = c * chunk, r1 = imin(rows, r0 + chunk);
