@@ -65,8 +65,9 @@ class Method:
     max_calls: int = 50
 
     def describe(self) -> str:
-        return (f"{self.rounds} interleaved rounds per candidate (at least {self.min_rounds} "
-                f"for candidates slower than {self.budget / self.rounds:.2g} s a call), each "
+        return (f"{self.rounds} interleaved rounds per candidate (fewer, but at least "
+                f"{self.min_rounds}, for one slower than {self.budget / self.rounds:.2g} s a "
+                f"call), each "
                 f"about {self.round_time:g} s of back-to-back calls (at most {self.max_calls}) "
                 f"after a {self.settle:g} s pause and one untimed call, timed one by one; a "
                 f"round's time is the median of its calls, and the best round is reported")

@@ -71,6 +71,7 @@ def blas_threads(n: int, notes: list[str]):
         yield
         return
     with threadpool_limits(limits=n, user_api="blas"):
+        notes.append(f"NumPy's BLAS was limited to {n} threads (threadpoolctl).")
         yield
 
 
