@@ -5,13 +5,18 @@ The wheel test builds the extension from scratch (minutes), so it runs only when
 
     FASTATTN_TEST_WHEEL=1 pytest tests/test_packaging.py            # builds with pip wheel
     FASTATTN_TEST_WHEEL=1 FASTATTN_WHEEL=dist/fastattn-...whl pytest tests/test_packaging.py
+
+With qemu-user installed (apt-get install qemu-user), the wheel also runs on an emulated CPU
+without AVX.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import platform
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -73,3 +78,23 @@ def test_wheel_installs_into_a_fresh_venv_and_passes_the_smoke_test(tmp_path):
     for isa in fastattn._core.available_isas():
         assert f"ok isa={isa}" in proc.stdout
     assert "wheel smoke test passed" in proc.stdout
+
+    # A CPU without AVX (an emulated Nehalem: SSE4.2, NumPy 2's floor) gets the baseline
+    # kernels, refuses FASTATTN_ISA=avx2, and passes the checks: no -march=native anywhere.
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None or platform.machine() != "x86_64":
+        return
+    code = ("import fastattn; print(fastattn._core.available_isas(), "
+            "fastattn._core.active_isa())")
+    old_cpu = [qemu, "-cpu", "Nehalem", str(python)]
+    proc = subprocess.run([*old_cpu, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, check=True)
+    assert proc.stdout.split() == ["['scalar',", "'baseline']", "baseline"], proc.stdout
+    proc = subprocess.run([*old_cpu, str(ROOT / "tools" / "wheel_smoke.py"), "--child"],
+                          cwd=tmp_path, env=dict(os.environ, FASTATTN_ISA="baseline"),
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0 and "ok isa=baseline" in proc.stdout, proc.stderr
+    proc = subprocess.run([*old_cpu, "-c", "import fastattn"], cwd=tmp_path,
+                          env=dict(os.environ, FASTATTN_ISA="avx2"), capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode != 0 and "does not support it" in proc.stderr
