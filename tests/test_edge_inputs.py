@@ -457,17 +457,12 @@ def test_out_with_overlapping_elements_is_refused(op):
 
 
 # --------------------------------------------------------------------------------------
-# Defects of the SDPA kernel (csrc/kernels/sdpa-inl.h) that these tests and the fuzzer
-# found, pinned until it is fixed: xfail_strict makes a fix XPASS, which fails the run, so
-# each marker goes with its fix. Every function whose softmax runs in that kernel
-# (SDPA_KERNEL) shares them.
-
-SDPA_DEFECT = "csrc/kernels/sdpa-inl.h: "
+# Extreme inputs that the SDPA kernel (csrc/kernels/sdpa-inl.h) once got wrong: a score of
+# -inf next to an infinite value (0 * inf in the tiled P V), float masks of finfo.min and
+# scores near finfo.max (overflow when scores were kept in log2 units), and the weights of
+# huge scores (e^(s - lse) lost log(l)).
 
 
-@pytest.mark.xfail(strict=True, reason=SDPA_DEFECT + "a score of -inf from infinite inputs "
-                   "counts as masked, but the register-tiled P V still multiplies its zero "
-                   "weight by the key's value: 0 * inf = NaN")
 def test_sdpa_minus_inf_score_keeps_a_non_finite_value_out(isa):
     q = np.full((4, 1), -1.0, np.float32)  # 4 rows: the register-tiled P V path
     k = np.array([[1.0], [np.inf]], np.float32)  # key 1 scores -inf for every row
@@ -477,10 +472,6 @@ def test_sdpa_minus_inf_score_keeps_a_non_finite_value_out(isa):
     np.testing.assert_array_equal(fastattn.scaled_dot_product_attention(q, k, v), expected)
 
 
-@pytest.mark.xfail(strict=True, reason=SDPA_DEFECT + "float-mask entries below "
-                   "-finfo.max / log2(e) become -inf once converted to log2 units, so a row "
-                   "masked everywhere with finfo.min gives 0 instead of the softmax of its "
-                   "scores (PyTorch and the reference give the mean of the values)")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sdpa_row_masked_with_finfo_min(isa, dtype):
     q, k, v = inputs(b=1, lq=2, lk=3, dtype=dtype)
@@ -491,9 +482,6 @@ def test_sdpa_row_masked_with_finfo_min(isa, dtype):
     assert_close("sdpa", got, expected, tolerance(q, k, v, OPS[0]))
 
 
-@pytest.mark.xfail(strict=True, reason=SDPA_DEFECT + "scores are scaled by log2(e) in the "
-                   "compute dtype, so a finite score above finfo.max / log2(e) overflows to "
-                   "inf and its row becomes NaN")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sdpa_scores_near_the_float_limit(isa, dtype):
     big = math.sqrt(float(np.finfo(dtype).max)) * 0.9  # scores up to 0.81 finfo.max
@@ -506,10 +494,6 @@ def test_sdpa_scores_near_the_float_limit(isa, dtype):
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.xfail(strict=True, reason=SDPA_DEFECT + "weights are exp2(s - lse2) with "
-                   "lse2 = m + log2(l) in the compute dtype: once |m| is large (float32 scores "
-                   "of 1e8) log2(l) is lost and the weights no longer sum to 1 (the output is "
-                   "right)")
 def test_sdpa_weights_of_large_scores_sum_to_one(isa):
     q = np.array([[1e4]], np.float32)
     k = np.array([[1e4], [1e4], [1.0]], np.float32)  # scores 1e8, 1e8, 1e4

@@ -31,7 +31,6 @@ struct SdpaTraits {
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
-constexpr double kLn2 = 0.69314718055994530942;
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -44,6 +43,12 @@ inline int64_t key_block_size(int64_t head_dim, int64_t l1_bytes) {
   using Tr = SdpaTraits<T>;
   const int64_t keys = 2 * l1_bytes / (head_dim * int64_t(sizeof(T)));
   return imax(Tr::kColTile, imin(512, keys / Tr::kColTile * Tr::kColTile));
+}
+
+// Accumulator row width: head_dim_v rounded up to whole register-tile columns.
+template <typename T>
+inline int64_t padded_dv(int64_t head_dim_v) {
+  return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
 }
 
 // Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together.
@@ -83,10 +88,9 @@ struct Scratch {
   T* kt = nullptr;     // the key block as K^T panels (see pack_keys), zero-padded
   T* vp = nullptr;     // the value block as panels (see pack_values)
   T* s = nullptr;      // kSubRows x kt_ld, scores then probabilities
-  T* acc = nullptr;    // max_rows x head_dim_v, unnormalised output
+  T* acc = nullptr;    // max_rows x padded_dv(head_dim_v), unnormalised output
   T* m = nullptr;      // max_rows running row max
   T* l = nullptr;      // max_rows running row sum
-  int64_t* excludes = nullptr;  // kSubRows: 1 if the row excludes keys of the current block
   RowRef<T>* rows = nullptr;  // max_rows
   void* raw = nullptr;
 
@@ -94,10 +98,10 @@ struct Scratch {
                 int64_t kt_ld) {
     const int64_t t = int64_t(sizeof(T));
     const int64_t sizes[9] = {max_rows * head_dim * t,      head_dim * kt_ld * t,
-                              sub_rows * kt_ld * t,         max_rows * imax(head_dim_v, 1) * t,
+                              sub_rows * kt_ld * t,         max_rows * padded_dv<T>(head_dim_v) * t,
                               max_rows * t,                 max_rows * t,
-                              sub_rows * 8,                 max_rows * int64_t(sizeof(RowRef<T>)),
-                              head_dim_v * kt_ld * t};
+                              0,                            max_rows * int64_t(sizeof(RowRef<T>)),
+                              padded_dv<T>(head_dim_v) * kt_ld * t};
     int64_t total = 0;
     for (int64_t b : sizes) total += round_up(b, 64);
     raw = std::aligned_alloc(64, size_t(total));
@@ -114,7 +118,6 @@ struct Scratch {
     acc = static_cast<T*>(parts[3]);
     m = static_cast<T*>(parts[4]);
     l = static_cast<T*>(parts[5]);
-    excludes = static_cast<int64_t*>(parts[6]);
     rows = static_cast<RowRef<T>*>(parts[7]);
     vp = static_cast<T*>(parts[8]);
     return true;
@@ -139,42 +142,55 @@ inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, 
   }
 }
 
-// Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns,
-// whole chunks only) is a contiguous n x kColTile block for the P V micro-kernel.
-// Returns whether every value of the block is finite: then a zero probability times a
-// value is exactly zero, and rows that exclude keys can still use the register tile.
+// Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns; the
+// last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
+// Returns whether every value of the block is finite: only then may P V multiply a zero
+// probability by a value (0 * inf = NaN otherwise).
 template <typename T>
 inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
                         int64_t panel_rows, T* vp) {
   using V = typename VecOf<T>::type;
   constexpr int CT = SdpaTraits<T>::kColTile, L = SdpaTraits<T>::kLanes;
-  V bad = V{};
-  for (int64_t c = 0; c + CT <= head_dim_v; c += CT) {
+  V bad = V{};  // NaN in a lane once an inf or NaN went through it
+  const int64_t whole = head_dim_v / CT * CT;
+  for (int64_t c = 0; c < whole; c += CT) {
     T* dst = vp + (c / CT) * panel_rows * CT;
     for (int64_t j = 0; j < n; ++j) {
       const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
       vstore(dst + j * CT, a);
       vstore(dst + j * CT + L, b);
-      bad += (a - a) + (b - b);  // NaN for any inf or NaN
+      bad += (a - a) + (b - b);
     }
   }
-  bool finite = true;
+  T bad_tail = T(0);
+  if (whole < head_dim_v) {
+    T* dst = vp + (whole / CT) * panel_rows * CT;
+    const int64_t w = head_dim_v - whole;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* src = v + j * row_stride + whole;
+      T* d = dst + j * CT;
+      for (int64_t c = 0; c < w; ++c) {
+        d[c] = src[c];
+        bad_tail += src[c] - src[c];
+      }
+      for (int64_t c = w; c < CT; ++c) d[c] = T(0);
+    }
+  }
+  bool finite = bad_tail == T(0);
   for (int lane = 0; lane < L; ++lane) finite = finite && bad[lane] == T(0);
-  for (int64_t c = head_dim_v / CT * CT; c < head_dim_v; ++c)
-    for (int64_t j = 0; j < n; ++j) finite = finite && (v[j * row_stride + c] - v[j * row_stride + c]) == T(0);
   return finite;
 }
 
 // s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
-// ncols is a multiple of kColTile, so the register tile needs no column tail.
+// nrows is a multiple of kRowTile (rows are padded) and ncols of kColTile, so the
+// register tile needs no tail.
 template <typename T>
 inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
                         int64_t nrows, int64_t ncols) {
   using V = typename VecOf<T>::type;
   using Tr = SdpaTraits<T>;
   constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
-  int64_t r = 0;
-  for (; r + RT <= nrows; r += RT) {
+  for (int64_t r = 0; r < nrows; r += RT) {
     for (int64_t c = 0; c < ncols; c += CT) {
       const T* panel = kt + (c / CT) * head_dim * CT;
       V acc[RT][2] = {};
@@ -190,19 +206,6 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
         vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
         vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
       }
-    }
-  }
-  for (; r < nrows; ++r) {
-    for (int64_t c = 0; c < ncols; c += CT) {
-      const T* panel = kt + (c / CT) * head_dim * CT;
-      V a0 = {}, a1 = {};
-      for (int64_t e = 0; e < head_dim; ++e) {
-        const T qv = q[r * head_dim + e];
-        a0 += qv * vload(panel + e * CT);
-        a1 += qv * vload(panel + e * CT + L);
-      }
-      vstore(s + r * s_ld + c, a0);
-      vstore(s + r * s_ld + c + L, a1);
     }
   }
 }
@@ -245,16 +248,16 @@ inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int6
   }
 }
 
-// The same for kRowTile rows at once, all of whose probabilities in [0, n) are nonzero:
-// whole column chunks from the value panels (pack_values), the column tail from v.
+// The same for kRowTile rows at once, multiplying every probability (so only for a block
+// whose values are all finite), over the value panels (pack_values) and the padded width
+// dv_pad: no column tail, so every row of the tile runs the same vector code.
 template <typename T>
 inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
-                    const T* v, int64_t v_row_stride, int64_t dv, T* acc, int64_t acc_ld) {
+                    int64_t dv_pad, T* acc, int64_t acc_ld) {
   using V = typename VecOf<T>::type;
   using Tr = SdpaTraits<T>;
   constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
-  int64_t c = 0;
-  for (; c + CT <= dv; c += CT) {
+  for (int64_t c = 0; c < dv_pad; c += CT) {
     const T* panel = vp + (c / CT) * panel_rows * CT;
     V a[RT][2];
     for (int rr = 0; rr < RT; ++rr) {
@@ -272,13 +275,6 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
     for (int rr = 0; rr < RT; ++rr) {
       vstore(acc + rr * acc_ld + c, a[rr][0]);
       vstore(acc + rr * acc_ld + c + L, a[rr][1]);
-    }
-  }
-  for (; c < dv; ++c) {
-    for (int rr = 0; rr < RT; ++rr) {
-      T a = acc[rr * acc_ld + c];
-      for (int64_t j = 0; j < n; ++j) a += p[rr * p_ld + j] * v[j * v_row_stride + c];
-      acc[rr * acc_ld + c] = a;
     }
   }
 }
@@ -320,24 +316,28 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   constexpr int L = Tr::kLanes;
   constexpr T kNegInf = -T(__builtin_inf());
   const SdpaParams& p = *plan.p;
-  const int64_t E = p.head_dim, Ev = p.head_dim_v;
+  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
   const int64_t ncols = round_up(n, Tr::kColTile);
   const int64_t nrows = r1 - r0;
   const T* kt = sc.kt + (c0 / Tr::kColTile) * E * Tr::kColTile;
   const T* vb = v_block + c0 * p.v.row_stride;
-  // Scores carry log2(e) (folded into q), so the softmax uses exp2; softcap and float
-  // masks are converted to the same units.
+  // Scores, masks, m and the weights' scores stay in natural units, which keeps every
+  // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
+  // which is <= 0 and can overflow only towards -inf, whose exp2 is the right 0.
   const bool softcap = p.softcap > 0;
-  const T cap = T(p.softcap * kLog2e), inv_cap = T(1.0 / (softcap ? p.softcap * kLog2e : 1.0));
-  const T mask_unit = T(kLog2e);
+  const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
+  const T log2e = T(kLog2e);
+  // Padded to whole register tiles: every row goes through the same tile code whichever
+  // rows share its tile, so its rounding does not depend on how rows fall into tasks.
+  const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
 
   if (plan.thin)
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
                   nrows, n);
   else
-    scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, nrows, ncols);
+    scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, tile_rows, ncols);
 
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the padded width ncols.
@@ -347,31 +347,21 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
       for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-      sc.excludes[r] = 1;
       continue;
     }
     if (softcap) {
       for (int64_t j = 0; j < ncols; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
-    // `masked`: some key of [0, n) is excluded for this row, so P V must skip its zero
-    // probabilities (the values of excluded keys may be garbage) rather than multiply.
-    bool masked = jlo > 0 || jhi < n;
     if (row.fmask) {
       const int64_t cs = p.float_mask.col_stride;
       const T* fm = row.fmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) {
-        masked = masked || fm[j * cs] == kNegInf;
-        s[j] += mask_unit * fm[j * cs];
-      }
+      for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
     }
     if (row.bmask) {
       const int64_t cs = p.bool_mask.col_stride;
       const uint8_t* bm = row.bmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) {
-        masked = masked || !bm[j * cs];
-        s[j] = bm[j * cs] ? s[j] : kNegInf;
-      }
+      for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
     }
     for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
     for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
@@ -392,22 +382,20 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
     if (m_new == kNegInf) {  // everything so far masked
       for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
-      sc.excludes[r] = 1;
       continue;
     }
     V vsum = V{};
     for (int64_t j = 0; j < ncols; j += L) {
-      const V e = exp2_approx_vec<T>(vload(s + j) - m_new);
+      const V e = exp2_approx_vec<T>((vload(s + j) - m_new) * log2e);
       vstore(s + j, e);
       vsum += e;
     }
     T sum = 0;
     for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
-    sc.excludes[r] = masked;
     // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
-      const T alpha = exp2_approx(m_old - m_new);
-      T* a = sc.acc + (r0 + r) * Ev;
+      const T alpha = exp2_approx((m_old - m_new) * log2e);
+      T* a = sc.acc + (r0 + r) * Eva;
       for (int64_t c = 0; c < Ev; ++c) a[c] *= alpha;
       sc.l[r0 + r] *= alpha;
     }
@@ -415,49 +403,46 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     sc.m[r0 + r] = m_new;
   }
 
-  T* acc = sc.acc + r0 * Ev;
+  T* acc = sc.acc + r0 * Eva;
   if (plan.thin) {  // straight from the value rows
     for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Ev);
+      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
     return;
   }
-  // acc += P V, register-tiled unless a row of the tile excludes a key whose value is
-  // not finite (0 * inf would reach it).
+  // acc += P V, register-tiled over whole (padded) tiles when every value of the block is
+  // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
+  // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
   if (!*v_packed) {
     *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
     *v_packed = true;
   }
-  int64_t r = 0;
-  for (; r + Tr::kRowTile <= nrows; r += Tr::kRowTile) {
-    bool all_included = true;
-    for (int rr = 0; rr < Tr::kRowTile; ++rr)
-      all_included = all_included && sc.excludes[r + rr] == 0;
-    if (*v_finite || all_included) {
-      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, vb, p.v.row_stride,
-              Ev, acc + r * Ev, Ev);
-    } else {
-      for (int rr = 0; rr < Tr::kRowTile; ++rr)
-        pv_row(sc.s + (r + rr) * kt_ld, n, vb, p.v.row_stride, Ev, acc + (r + rr) * Ev);
-    }
+  if (*v_finite) {
+    for (int64_t r = 0; r < tile_rows; r += Tr::kRowTile)
+      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, Eva, acc + r * Eva,
+              Eva);
+  } else {
+    for (int64_t r = 0; r < nrows; ++r)
+      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
   }
-  for (; r < nrows; ++r) pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Ev);
 }
 
-// Masked scores -> weights, 2^(s - lse2) (both in log2 units); a row that saw nothing
-// (lse2 = -inf) gets zeros.
+// Masked scores -> weights, e^(s - m) / l from the row's final max m and sum l (not
+// e^(s - lse): once |m| is large, m + log(l) loses log(l)); a row that saw nothing
+// (m = -inf) gets zeros.
 template <typename T>
-inline void finish_weights(T* w, int64_t len, T lse2) {
-  if (lse2 == -T(__builtin_inf())) {
+inline void finish_weights(T* w, int64_t len, T m, T l) {
+  if (m == -T(__builtin_inf())) {
     for (int64_t j = 0; j < len; ++j) w[j] = T(0);
   } else {
-    for (int64_t j = 0; j < len; ++j) w[j] = exp2_approx(w[j] - lse2);
+    const T log2e = T(kLog2e);
+    for (int64_t j = 0; j < len; ++j) w[j] = exp2_approx((w[j] - m) * log2e) / l;
   }
 }
 
-// Row state (m in log2 units, sum l) -> log-sum-exp in natural units, and in log2 units.
+// Row state (max m, sum l) -> log-sum-exp.
 template <typename T>
-inline T lse2_of(T m, T l) {
-  return m == -T(__builtin_inf()) ? m : m + T(__builtin_log2(double(l)));
+inline T lse_of(T m, T l) {
+  return m == -T(__builtin_inf()) ? m : T(double(m) + __builtin_log(double(l)));
 }
 
 // One work item: task t (batch entry, kv head, query block) over the keys of split `split`.
@@ -466,7 +451,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   const SdpaParams& p = *plan.p;
   using Tr = SdpaTraits<T>;
   constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t E = p.head_dim, Ev = p.head_dim_v, Lk = p.len_k;
+  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
   const int64_t kt_ld = plan.block_k;
 
   const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
@@ -505,7 +490,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
 
   // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
   int64_t klo = key_end, khi = key_begin;
-  const T scale = T(p.scale * kLog2e);  // scores in log2 units: the softmax uses exp2
+  const T scale = T(p.scale);
   for (int64_t r = 0; r < nrows; ++r) {
     const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
     RowRef<T>& row = sc.rows[r];
@@ -535,7 +520,10 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     if (row.weights)
       for (int64_t j = key_begin; j < key_end; ++j) row.weights[j] = kNegInf;
   }
-  std::memset(sc.acc, 0, size_t(nrows * Ev) * sizeof(T));
+  // Rows up to the next whole register tile are padding: zero queries, never read back.
+  const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
+  std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
+  std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
 
   // Key blocks at multiples of block_k (see Plan).
   for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
@@ -569,7 +557,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     T* part = plan.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
     for (int64_t r = 0; r < nrows; ++r) {
       T* dst = part + r * (Ev + 2);
-      std::memcpy(dst, sc.acc + r * Ev, size_t(Ev) * sizeof(T));
+      std::memcpy(dst, sc.acc + r * Eva, size_t(Ev) * sizeof(T));
       dst[Ev] = sc.m[r];
       dst[Ev + 1] = sc.l[r];
     }
@@ -581,11 +569,10 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     const T m = sc.m[r];
     const bool empty = (m == kNegInf);
     const T inv = empty ? T(0) : T(1) / sc.l[r];
-    const T* a = sc.acc + r * Ev;
+    const T* a = sc.acc + r * Eva;
     for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
-    const T lse2 = lse2_of(m, sc.l[r]);
-    if (row.lse) *row.lse = lse2 * T(kLn2);
-    if (row.weights) finish_weights(row.weights, Lk, lse2);
+    if (row.lse) *row.lse = lse_of(m, sc.l[r]);
+    if (row.weights) finish_weights(row.weights, Lk, m, sc.l[r]);
   }
 }
 
@@ -624,7 +611,7 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
         const T* src = part + sp * split_stride + r * (Ev + 2);
         if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
-        const T w = exp2_approx(src[Ev] - m);
+        const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
         l += w * src[Ev + 1];
         for (int64_t c = 0; c < Ev; ++c) out[c] += w * src[c];
       }
@@ -632,9 +619,8 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
       for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
     }
     const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    const T lse2 = lse2_of(m, l);
-    if (p.lse) static_cast<T*>(p.lse)[flat_row] = lse2 * T(kLn2);
-    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, lse2);
+    if (p.lse) static_cast<T*>(p.lse)[flat_row] = lse_of(m, l);
+    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, m, l);
   }
 }
 
@@ -689,7 +675,8 @@ bool sdpa_forward(const SdpaParams& p) {
 #pragma omp parallel num_threads(threads)
   {
     Scratch<T> sc;
-    const bool ok = sc.allocate(plan.max_rows, imin(kSubRows, plan.max_rows),
+    const bool ok = sc.allocate(round_up(plan.max_rows, SdpaTraits<T>::kRowTile),
+                                round_up(imin(kSubRows, plan.max_rows), SdpaTraits<T>::kRowTile),
                                 imax(p.head_dim, 1), p.head_dim_v, plan.block_k);
     if (!ok) {
 #pragma omp atomic write
