@@ -114,7 +114,7 @@ def scaled_dot_product_attention(
                    "valid_lens": valid_lens})
 
     q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
-    group = q.shape[-3] // k.shape[-3]
+    group = q.shape[-3] // k.shape[-3] if k.shape[-3] else 1  # zero heads: nothing to repeat
     k = np.repeat(k, group, axis=-3)  # query head h reads kv head h // group
     v = np.repeat(v, group, axis=-3)
     num_q, num_k = q.shape[-2], k.shape[-2]

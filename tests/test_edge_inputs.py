@@ -535,3 +535,19 @@ def test_scratch_that_cannot_be_had_raises_memory_error():
         fastattn.additive_attention(q, one, one, w, w, np.ones(2**22, np.float32))
     q, k, v = inputs()
     run(OPS[6], q, k, v)  # additive_attention
+
+
+@pytest.mark.parametrize("heads", [(0, 0), (4, 2)])
+def test_sdpa_zero_heads_or_rows_match_the_reference(heads):
+    """Zero query and kv heads (the reference once divided by zero) and zero query rows."""
+    hq, hkv = heads
+    rng = np.random.default_rng(5)
+    lq = 0 if hq else 3
+    q = rng.standard_normal((2, hq, lq, 4)).astype(np.float32)
+    k = rng.standard_normal((2, hkv, 5, 4)).astype(np.float32)
+    v = rng.standard_normal((2, hkv, 5, 3)).astype(np.float32)
+    got = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+    expected = reference.scaled_dot_product_attention(q, k, v, return_lse=True)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype
+    assert got[0].shape == (2, hq, lq, 3)
