@@ -333,24 +333,39 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   // rows share its tile, so its rounding does not depend on how rows fall into tasks.
   const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
 
-  if (plan.thin)
+  // Per register tile of rows, the width of columns it computes: up to the last column any
+  // of its rows sees, in whole column tiles (on a causal diagonal the top rows see few
+  // keys). Columns past a tile's width are neither scored nor multiplied.
+  constexpr int RT = Tr::kRowTile;
+  int64_t width[kSubRows / RT];
+  for (int64_t t = 0; t < tile_rows / RT; ++t) {
+    int64_t hi = 0;
+    for (int64_t r = t * RT; r < imin(nrows, t * RT + RT); ++r)
+      hi = imax(hi, imin(sc.rows[r0 + r].hi - kb, n));
+    width[t] = plan.thin ? ncols : round_up(hi, Tr::kColTile);
+  }
+  if (plan.thin) {
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
                   nrows, n);
-  else
-    scores_tile(sc.q + r0 * E, E, kt, sc.s, kt_ld, tile_rows, ncols);
+  } else {
+    for (int64_t t = 0; t < tile_rows / RT; ++t)
+      if (width[t] > 0)
+        scores_tile(sc.q + (r0 + t * RT) * E, E, kt, sc.s + t * RT * kt_ld, kt_ld, RT, width[t]);
+  }
 
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
-  // of exp2 and row sum. All in whole vectors over the padded width ncols.
+  // of exp2 and row sum. All in whole vectors over the tile's width w.
   for (int64_t r = 0; r < nrows; ++r) {
     const RowRef<T>& row = sc.rows[r0 + r];
     T* s = sc.s + r * kt_ld;
+    const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
-      for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
+      for (int64_t j = 0; j < w; ++j) s[j] = T(0);
       continue;
     }
     if (softcap) {
-      for (int64_t j = 0; j < ncols; j += L)
+      for (int64_t j = 0; j < w; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
     if (row.fmask) {
@@ -364,28 +379,29 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
     }
     for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
-    for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
-    if (row.weights) std::memcpy(row.weights + kb, s, size_t(n) * sizeof(T));
+    for (int64_t j = jhi; j < w; ++j) s[j] = kNegInf;
+    // Keys past jhi keep the -inf the task wrote.
+    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
 
     // Row max; NaN is left to the exp2 pass to propagate, except in a row whose other
     // scores are all masked, which must give NaN rather than "nothing attended".
     V vmax = V{} + kNegInf;
-    for (int64_t j = 0; j < ncols; j += L) {
+    for (int64_t j = 0; j < w; j += L) {
       const V x = vload(s + j);
       vmax = x > vmax ? x : vmax;
     }
     T mx = kNegInf;
     for (int lane = 0; lane < L; ++lane) mx = vmax[lane] > mx ? vmax[lane] : mx;
     if (mx == kNegInf)
-      for (int64_t j = 0; j < n; ++j) mx = s[j] != s[j] ? s[j] : mx;
+      for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
     const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
     if (m_new == kNegInf) {  // everything so far masked
-      for (int64_t j = 0; j < ncols; ++j) s[j] = T(0);
+      for (int64_t j = 0; j < w; ++j) s[j] = T(0);
       continue;
     }
     V vsum = V{};
-    for (int64_t j = 0; j < ncols; j += L) {
+    for (int64_t j = 0; j < w; j += L) {
       const V e = exp2_approx_vec<T>((vload(s + j) - m_new) * log2e);
       vstore(s + j, e);
       vsum += e;
@@ -409,6 +425,8 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
     return;
   }
+  // The probabilities of a tile's rows are written up to its width (zeros past each row's
+  // last visible key) and the value panels hold n rows.
   // acc += P V, register-tiled over whole (padded) tiles when every value of the block is
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
@@ -417,12 +435,13 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
     *v_packed = true;
   }
   if (*v_finite) {
-    for (int64_t r = 0; r < tile_rows; r += Tr::kRowTile)
-      pv_tile(sc.s + r * kt_ld, kt_ld, n, sc.vp + c0 * Tr::kColTile, kt_ld, Eva, acc + r * Eva,
-              Eva);
+    for (int64_t r = 0; r < tile_rows; r += RT)
+      if (width[r / RT] > 0)
+        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile,
+                kt_ld, Eva, acc + r * Eva, Eva);
   } else {
     for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
+      pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva);
   }
 }
 
