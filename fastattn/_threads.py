@@ -28,7 +28,37 @@ def _check_count(n: object, name: str) -> int:
     return value
 
 
+# os.environ's own dict (bytes keys on POSIX), read per call: os.environ.get costs ~1 us
+# a variable, a noticeable part of a small call. Falls back to os.environ elsewhere.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEYS = ((b"FASTATTN_NUM_THREADS", "FASTATTN_NUM_THREADS"),
+             (b"OMP_NUM_THREADS", "OMP_NUM_THREADS"))
+_env_seen: tuple = ()  # (raw values, the count they gave), the last environment parsed
+
+
 def _from_environment() -> int:
+    global _env_seen
+    if os.name == "posix" and isinstance(_ENV_DATA, dict):
+        raws = (_ENV_DATA.get(_ENV_KEYS[0][0]), _ENV_DATA.get(_ENV_KEYS[1][0]))
+        if raws == (None, None):
+            return _available_cpus()
+        seen = _env_seen
+        if seen and seen[0] == raws:
+            return seen[1]
+        value = _parse_environment()
+        _env_seen = (raws, value)
+        return value
+    return _parse_environment()
+
+
+def _available_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse_environment() -> int:
     for var in ("FASTATTN_NUM_THREADS", "OMP_NUM_THREADS"):
         raw = os.environ.get(var, "").strip()
         if raw:
@@ -39,10 +69,7 @@ def _from_environment() -> int:
                 raise ValueError(
                     f"environment variable {var}={raw!r} is not a positive integer"
                 ) from None
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return _available_cpus()
 
 
 def get_num_threads() -> int:

@@ -16,6 +16,7 @@ import numpy as np
 
 _UNBOUNDED = 2**40  # larger than any sequence length; window sides are clamped to it
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FINFO_MAX = {d: float(np.finfo(d).max) for d in _FLOAT_DTYPES}
 
 
 def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
@@ -33,8 +34,15 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
     return a
 
 
+_NATIVE_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
     """(dtype of the result, dtype computed in): float16 is computed in float32."""
+    first = arrays[0].dtype
+    if first in _NATIVE_KERNEL_DTYPES and first.isnative and all(
+            a.dtype == first and a.dtype.isnative for a in arrays):
+        return first, first  # the common case, without np.result_type's cost
     result = np.result_type(*[a.dtype.newbyteorder("=") for a in arrays])
     compute = np.dtype(np.float32) if result == np.float16 else result
     return result, compute
@@ -219,7 +227,9 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     q3, k3, v3 = (with_leading_axes(a, 3) for a in (q, k, v))
     try:
-        batch = np.broadcast_shapes(q3.shape[:-3], k3.shape[:-3], v3.shape[:-3])
+        batch = q3.shape[:-3]
+        if not batch == k3.shape[:-3] == v3.shape[:-3]:
+            batch = np.broadcast_shapes(batch, k3.shape[:-3], v3.shape[:-3])
     except ValueError:
         raise ValueError(
             f"the leading (batch) dims of query {q.shape}, key {k.shape} and value {v.shape} "
@@ -269,7 +279,7 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
         )
     win = check_window(window)
     scale_value = 1.0 / math.sqrt(e) if scale is None else check_real(scale, "scale")
-    limit = float(np.finfo(compute).max)
+    limit = _FINFO_MAX[compute]
     if abs(scale_value) > limit:
         raise ValueError(f"scale must be finite in {compute} (|scale| <= {limit:.3g}), got {scale}")
     cap = None if softcap is None else check_real(softcap, "softcap", positive=True)

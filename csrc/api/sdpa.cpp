@@ -11,8 +11,9 @@
 namespace fastattn {
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("fastattn._core.sdpa: " + what);
+// The message is built only on failure: these checks run on every call.
+void require(bool ok, const char* what, const char* more = "") {
+  if (!ok) throw std::invalid_argument(std::string("fastattn._core.sdpa: ") + what + more);
 }
 
 // Fills a StridedView from an array whose last `tail` axes are (head, row[, col]) after
@@ -22,10 +23,10 @@ StridedView view_of(const ArrayRef& a, const char* name, int64_t batch_ndim, int
   StridedView v;
   v.data = a.data;
   require(a.ndim() == batch_ndim + tail,
-          std::string(name) + " has the wrong number of dimensions");
+          name, " has the wrong number of dimensions");
   for (int64_t d = 0; d < a.ndim(); ++d)
     require(a.strides[d] % a.itemsize == 0,
-            std::string(name) + " has a stride that is not a multiple of its item size");
+            name, " has a stride that is not a multiple of its item size");
   for (int64_t d = 0; d < batch_ndim; ++d) v.batch_stride[d] = a.strides[d] / a.itemsize;
   v.head_stride = a.strides[batch_ndim] / a.itemsize;
   v.row_stride = a.strides[batch_ndim + 1] / a.itemsize;
@@ -35,7 +36,7 @@ StridedView view_of(const ArrayRef& a, const char* name, int64_t batch_ndim, int
     for (int64_t n : a.shape) empty = empty || n == 0;
     if (unit_last)
       require(v.col_stride == 1 || a.shape[batch_ndim + 2] <= 1 || empty,
-              std::string(name) + " must have a unit-stride last axis");
+              name, " must have a unit-stride last axis");
   }
   return v;
 }
@@ -94,10 +95,10 @@ void scaled_dot_product_attention(const SdpaCall& c) {
 
   auto check_scores_shape = [&](const ArrayRef& a, const char* name, int tail) {
     for (int64_t d = 0; d < bn; ++d)
-      require(a.shape[d] == c.query.shape[d], std::string(name) + " batch dims differ");
+      require(a.shape[d] == c.query.shape[d], name, " batch dims differ");
     require(a.shape[bn] == p.num_heads_q && a.shape[bn + 1] == p.len_q &&
                 (tail == 2 || a.shape[bn + 2] == p.len_k),
-            std::string(name) + " has the wrong shape");
+            name, " has the wrong shape");
   };
   if (c.bool_mask.present()) {
     require(c.bool_mask.kind == 'b' && c.bool_mask.itemsize == 1, "bool_mask must be bool");

@@ -20,10 +20,15 @@ inline ArrayRef array_ref(const pybind11::object& obj, const char* name) {
   auto a = pybind11::reinterpret_borrow<pybind11::array>(obj);
   r.given = true;
   r.data = const_cast<void*>(a.data());
-  r.kind = a.dtype().kind();
+  const pybind11::dtype dt = a.dtype();
+  r.kind = dt.kind();
   r.itemsize = a.itemsize();
   r.writeable = a.writeable();
-  if (!a.dtype().attr("isnative").cast<bool>())
+  // '=' native, '|' not applicable (one byte), '<' or '>' explicit.
+  const char order = dt.byteorder();
+  const uint16_t probe = 1;
+  const char native = *reinterpret_cast<const unsigned char*>(&probe) == 1 ? '<' : '>';
+  if (order != '=' && order != '|' && order != native)
     throw pybind11::value_error(std::string(name) + " must be in native byte order");
   // The kernels read whole elements through typed pointers: an unaligned one is undefined
   // behaviour (the Python layer copies unaligned arrays; this catches one it missed).
