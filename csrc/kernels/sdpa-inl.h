@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "api/sdpa_params.h"
 #include "kernels/math-inl.h"
@@ -210,41 +211,120 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
   }
 }
 
+// Sum of a vector's lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...),
+// the order reduce_lanes_of gives every lane it produces.
+template <typename T>
+inline T tree_sum(typename VecOf<T>::type x) {
+  constexpr int L = SdpaTraits<T>::kLanes;
+  T t[L];
+  for (int i = 0; i < L; ++i) t[i] = x[i];
+  for (int w = 1; w < L; w *= 2)
+    for (int i = 0; i < L; i += 2 * w) t[i] = t[i] + t[i + w];
+  return t[0];
+}
+
+// a[0..L) -> one vector whose lane i is tree_sum(a[i]): log2(L) rounds of adding the even
+// and odd lanes of neighbouring vectors.
+template <typename T>
+inline typename VecOf<T>::type reduce_lanes_of(typename VecOf<T>::type* a) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = SdpaTraits<T>::kLanes;
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
+  typedef I M __attribute__((vector_size(sizeof(V))));
+  M even, odd;
+  for (int i = 0; i < L; ++i) {
+    even[i] = 2 * i;
+    odd[i] = 2 * i + 1;
+  }
+  for (int count = L; count > 1; count /= 2)
+    for (int i = 0; i < count / 2; ++i)
+      a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
+             __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+  return a[0];
+}
+
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
-// (decoding), where packing K^T would cost more than the scores themselves.
+// (decoding), where packing K^T would cost more than the scores themselves. L keys at a
+// time, reduced together; every key's dot product has the same order of operations.
 template <typename T>
 inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
                           int64_t s_ld, int64_t nrows, int64_t n) {
   using V = typename VecOf<T>::type;
   constexpr int L = SdpaTraits<T>::kLanes;
-  for (int64_t j = 0; j < n; ++j) {
-    const T* kr = k + j * k_row_stride;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const T* qr = q + r * head_dim;
+  const int64_t e_whole = head_dim / L * L;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const T* qr = q + r * head_dim;
+    T* sr = s + r * s_ld;
+    int64_t j = 0;
+    if constexpr (L > 1) {
+      for (; j + L <= n; j += L) {
+        V acc[L];
+        for (int i = 0; i < L; ++i) acc[i] = V{};
+        for (int64_t e = 0; e < e_whole; e += L) {
+          const V qv = vload(qr + e);
+          for (int i = 0; i < L; ++i) acc[i] += qv * vload(k + (j + i) * k_row_stride + e);
+        }
+        V dots = reduce_lanes_of<T>(acc);
+        for (int64_t e = e_whole; e < head_dim; ++e)
+          for (int i = 0; i < L; ++i) dots[i] += qr[e] * k[(j + i) * k_row_stride + e];
+        vstore(sr + j, dots);
+      }
+    }
+    for (; j < n; ++j) {
+      const T* kr = k + j * k_row_stride;
       V acc = V{};
-      int64_t e = 0;
-      for (; e + L <= head_dim; e += L) acc += vload(qr + e) * vload(kr + e);
-      T dot = reduce_add<T>(acc);
-      for (; e < head_dim; ++e) dot += qr[e] * kr[e];
-      s[r * s_ld + j] = dot;
+      for (int64_t e = 0; e < e_whole; e += L) acc += vload(qr + e) * vload(kr + e);
+      T dot = tree_sum<T>(acc);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot += qr[e] * kr[e];
+      sr[j] = dot;
     }
   }
 }
 
-// acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
-// keys a row does not attend (padding, NaN) never reach it.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
+// Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
+// the keys (no store-to-load chain through acc from one key to the next).
+template <typename T, int U>
+inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
+                        T* acc) {
   using V = typename VecOf<T>::type;
   constexpr int L = SdpaTraits<T>::kLanes;
+  V a[U];
+  for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
   for (int64_t j = 0; j < n; ++j) {
     const T pj = p[j];
     if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride;
-    int64_t c = 0;
-    for (; c + L <= dv; c += L) vstore(acc + c, vload(acc + c) + pj * vload(vr + c));
-    for (; c < dv; ++c) acc[c] += pj * vr[c];
+    const T* vr = v + j * v_row_stride + c;
+    for (int u = 0; u < U; ++u) a[u] += pj * vload(vr + u * L);
+  }
+  for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
+}
+
+// acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
+// keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
+// Each element still sums its keys in order, one fused multiply-add at a time.
+template <typename T>
+inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
+                   T* acc) {
+  constexpr int L = SdpaTraits<T>::kLanes;
+  int64_t c = 0;
+  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
+  if (c + 4 * L <= dv) {
+    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
+    c += 4 * L;
+  }
+  if (c + 2 * L <= dv) {
+    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
+    c += 2 * L;
+  }
+  if (c + L <= dv) {
+    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
+    c += L;
+  }
+  for (; c < dv; ++c) {
+    T a = acc[c];
+    for (int64_t j = 0; j < n; ++j)
+      if (p[j] != T(0)) a += p[j] * v[j * v_row_stride + c];
+    acc[c] = a;
   }
 }
 
