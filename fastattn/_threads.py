@@ -29,26 +29,23 @@ def _check_count(n: object, name: str) -> int:
 
 
 # os.environ's own dict (bytes keys on POSIX), read per call: os.environ.get costs ~1 us
-# a variable, a noticeable part of a small call. Falls back to os.environ elsewhere.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_KEYS = ((b"FASTATTN_NUM_THREADS", "FASTATTN_NUM_THREADS"),
-             (b"OMP_NUM_THREADS", "OMP_NUM_THREADS"))
-_env_seen: tuple = ()  # (raw values, the count they gave), the last environment parsed
+# a variable, a noticeable part of a small call. Elsewhere, os.environ itself.
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not isinstance(_ENV_DATA, dict):
+    _ENV_DATA = None
+_env_seen: tuple = ()  # (raw values, the count they gave): the last environment parsed
 
 
 def _from_environment() -> int:
     global _env_seen
-    if os.name == "posix" and isinstance(_ENV_DATA, dict):
-        raws = (_ENV_DATA.get(_ENV_KEYS[0][0]), _ENV_DATA.get(_ENV_KEYS[1][0]))
-        if raws == (None, None):
-            return _available_cpus()
-        seen = _env_seen
-        if seen and seen[0] == raws:
-            return seen[1]
-        value = _parse_environment()
-        _env_seen = (raws, value)
-        return value
-    return _parse_environment()
+    if _ENV_DATA is None:
+        return _parse_environment()
+    raws = (_ENV_DATA.get(b"FASTATTN_NUM_THREADS"), _ENV_DATA.get(b"OMP_NUM_THREADS"))
+    if raws == (None, None):
+        return _available_cpus()
+    if not (_env_seen and _env_seen[0] == raws):
+        _env_seen = (raws, _parse_environment())
+    return _env_seen[1]
 
 
 def _available_cpus() -> int:

@@ -39,9 +39,8 @@ _NATIVE_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
     """(dtype of the result, dtype computed in): float16 is computed in float32."""
-    first = arrays[0].dtype
-    if first in _NATIVE_KERNEL_DTYPES and first.isnative and all(
-            a.dtype == first and a.dtype.isnative for a in arrays):
+    first = arrays[0].dtype  # dtype equality includes the byte order
+    if first in _NATIVE_KERNEL_DTYPES and all(a.dtype == first for a in arrays[1:]):
         return first, first  # the common case, without np.result_type's cost
     result = np.result_type(*[a.dtype.newbyteorder("=") for a in arrays])
     compute = np.dtype(np.float32) if result == np.float16 else result

@@ -97,30 +97,28 @@ struct Scratch {
 
   bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
                 int64_t kt_ld) {
-    const int64_t t = int64_t(sizeof(T));
-    const int64_t sizes[9] = {max_rows * head_dim * t,      head_dim * kt_ld * t,
-                              sub_rows * kt_ld * t,         max_rows * padded_dv<T>(head_dim_v) * t,
-                              max_rows * t,                 max_rows * t,
-                              0,                            max_rows * int64_t(sizeof(RowRef<T>)),
-                              padded_dv<T>(head_dim_v) * kt_ld * t};
+    const int64_t t = int64_t(sizeof(T)), dv = padded_dv<T>(head_dim_v);
+    const int64_t sizes[8] = {max_rows * head_dim * t, head_dim * kt_ld * t, dv * kt_ld * t,
+                              sub_rows * kt_ld * t,    max_rows * dv * t,    max_rows * t,
+                              max_rows * t,            max_rows * int64_t(sizeof(RowRef<T>))};
     int64_t total = 0;
     for (int64_t b : sizes) total += round_up(b, 64);
     raw = std::aligned_alloc(64, size_t(total));
     if (!raw) return false;
+    char* parts[8];
     char* c = static_cast<char*>(raw);
-    void* parts[9];
-    for (int i = 0; i < 9; ++i) {
+    for (int i = 0; i < 8; ++i) {
       parts[i] = c;
       c += round_up(sizes[i], 64);
     }
-    q = static_cast<T*>(parts[0]);
-    kt = static_cast<T*>(parts[1]);
-    s = static_cast<T*>(parts[2]);
-    acc = static_cast<T*>(parts[3]);
-    m = static_cast<T*>(parts[4]);
-    l = static_cast<T*>(parts[5]);
-    rows = static_cast<RowRef<T>*>(parts[7]);
-    vp = static_cast<T*>(parts[8]);
+    q = reinterpret_cast<T*>(parts[0]);
+    kt = reinterpret_cast<T*>(parts[1]);
+    vp = reinterpret_cast<T*>(parts[2]);
+    s = reinterpret_cast<T*>(parts[3]);
+    acc = reinterpret_cast<T*>(parts[4]);
+    m = reinterpret_cast<T*>(parts[5]);
+    l = reinterpret_cast<T*>(parts[6]);
+    rows = reinterpret_cast<RowRef<T>*>(parts[7]);
     return true;
   }
   ~Scratch() { std::free(raw); }
