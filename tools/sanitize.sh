@@ -4,7 +4,7 @@
 #   tools/sanitize.sh                 # the sanitizer subset (every kernel, every ISA here)
 #   tools/sanitize.sh --smoke         # a few minutes: one module per kernel family + the fuzz
 #   tools/sanitize.sh --all           # the whole test suite
-#   tools/sanitize.sh -- tests/x.py   # anything after "--" goes to pytest as is
+#   tools/sanitize.sh -- tests/sdpa   # anything after "--" goes to pytest as is
 #
 # Everything lives in its own build directory (default build-asan/, ignored by git): the
 # CMake build tree (build-asan/cmake) and a virtual environment (build-asan/venv) with a
@@ -17,7 +17,7 @@
 #
 # Why the environment below: the Python interpreter is not instrumented, so the ASan runtime
 # must be loaded first (LD_PRELOAD); CPython keeps objects alive until exit on purpose, so
-# leak detection is off (tests/test_leaks.py measures fastattn's own memory instead);
+# leak detection is off (tests/reliability/test_leaks.py measures fastattn's own memory instead);
 # allocator_may_return_null lets a huge scratch request fail into the library's bad_alloc
 # path as in production; every UBSan finding is fatal (-fno-sanitize-recover).
 set -euo pipefail
@@ -76,22 +76,22 @@ done
 
 case "$mode" in
   smoke)
-    pytest_args=(tests/test_sdpa_semantics.py tests/test_masked_softmax.py
-                 tests/test_additive_attention.py tests/test_attention_general.py
-                 tests/test_nadaraya_watson.py tests/test_fuzz.py tests/test_edge_inputs.py) ;;
+    pytest_args=(tests/sdpa/test_semantics.py tests/family/test_masked_softmax.py
+                 tests/family/test_additive_attention.py tests/family/test_attention_general.py
+                 tests/family/test_nadaraya_watson.py tests/reliability/test_fuzz.py
+                 tests/reliability/test_edge_inputs.py) ;;
   default)
-    pytest_args=(tests/test_sdpa_semantics.py tests/test_sdpa_properties.py
-                 tests/test_sdpa_errors.py tests/test_exp2.py tests/test_masked_softmax.py
-                 tests/test_additive_attention.py tests/test_attention_general.py
-                 tests/test_nadaraya_watson.py tests/test_mha.py tests/test_fuzz.py
-                 tests/test_edge_inputs.py tests/test_concurrency.py tests/test_large_index.py) ;;
+    pytest_args=(tests/sdpa/test_semantics.py tests/sdpa/test_properties.py
+                 tests/sdpa/test_errors.py tests/sdpa/test_exp2.py tests/family tests/layer
+                 tests/reliability/test_fuzz.py tests/reliability/test_edge_inputs.py
+                 tests/reliability/test_concurrency.py tests/reliability/test_large_index.py) ;;
   all)
     pytest_args=(tests) ;;
 esac
 # Only modules that exist in this checkout (a module may not have been written yet).
 existing=()
 for a in "${pytest_args[@]}"; do
-  if [[ "$a" == tests/*.py && ! -f "$a" ]]; then
+  if [[ "$a" == tests/* && ! -e "${a%%::*}" ]]; then
     echo "  (skipping $a: not in this checkout)"
   else
     existing+=("$a")

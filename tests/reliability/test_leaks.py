@@ -11,7 +11,7 @@ Calls run single-threaded (a leak inside a parallel region leaks with one thread
 the "sdpa-2-threads" group (a tenth of the calls: two-thread teams are slow on a busy machine).
 The default is 2000 calls per function (the suite stays quick); the issue's 10**4:
 
-    FASTATTN_LEAK_CALLS=10000 pytest tests/test_leaks.py
+    FASTATTN_LEAK_CALLS=10000 pytest tests/reliability/test_leaks.py
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def test_doctests(module):
 def _python(code: str, **env_overrides):
     env = dict(os.environ)
     env.update(env_overrides)
-    # cwd: tests/, so the child imports the installed fastattn, not the source tree
+    # cwd: a tests/ folder, so the child imports the installed fastattn, not the source tree
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120, check=False, cwd=os.path.dirname(__file__))
 

@@ -17,7 +17,13 @@ import math
 
 import numpy as np
 import pytest
-from family_checks import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fastattn
+from fastattn import reference
+
+from helpers.family_checks import (
     additive_score_error,
     assert_close,
     build,
@@ -31,11 +37,6 @@ from family_checks import (
     tolerances,
     unambiguous_rows,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-import fastattn
-from fastattn import reference
 
 attention = fastattn.attention
 SCORES = ["dot", "scaled_dot", "general", "cosine", "gaussian", "additive"]
@@ -355,7 +356,7 @@ def test_out_aliasing_weight_rejected():
 
 def test_doctests():
     """The examples in the family's docstrings run (fastattn.reference's are run by
-    tests/test_mha.py)."""
+    tests/layer/test_mha.py)."""
     import doctest
 
     import fastattn._family

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from attention_checks import attention_tolerances
 from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
+
+from helpers.attention_checks import attention_tolerances
 
 MHA = fastattn.MultiHeadAttention
 

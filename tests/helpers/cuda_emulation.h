@@ -1,5 +1,5 @@
 // Host emulation of the CUDA subset that fastattn/cuda/attention.cu uses, for the tests
-// that run without a GPU (tests/cuda_emulator.py builds it with the C++ compiler).
+// that run without a GPU (tests/helpers/cuda_emulator.py builds it with the C++ compiler).
 //
 // A CTA's threads are fibers (ucontext) on one OS thread. A fiber runs until it reaches
 // __syncthreads() or returns; when every fiber of the block waits at the barrier, all are

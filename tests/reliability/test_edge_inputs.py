@@ -13,7 +13,7 @@ norm <= 1), so every score is a sum of at most ``E + 8`` terms of magnitude <= 1
 by at most ``(E + 8) eps`` in the compute dtype (the gamma_n bound); a softmax weight then
 moves by at most 4 times that plus the rounding of the ``Lk``-term sums, and the output is
 a convex combination of value rows. The layer's projections are bounded by
-``test_mha.mha_tolerances``.
+``layer.test_mha.mha_tolerances``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from reliability_checks import active_isa, assert_close
 
 import fastattn
 from fastattn import reference
+
+from helpers.reliability_checks import active_isa, assert_close
 
 HIDDEN = 8
 
@@ -126,7 +127,7 @@ def _layer(mod, q, k, v, mask=None, valid_lens=None, out=None, **kw):
                                                              np.float32), seed=1)
     if mod is fastattn:
         return layer(q[:, 0], k[:, 0], v[:, 0], attn_mask=mask, valid_lens=valid_lens, **kw)
-    from test_mha import layer_weights
+    from layer.test_mha import layer_weights
     kw.pop("num_threads", None)
     return reference.multi_head_attention(q[:, 0], k[:, 0], v[:, 0], attn_mask=mask,
                                           valid_lens=valid_lens, **layer_weights(layer), **kw)
@@ -180,7 +181,7 @@ def tolerance(q, k, v, op: Op):
 def compare(op: Op, got, expected, q, k, v, **kwargs):
     """``got`` equals the reference within :func:`tolerance` (the layer: its own bound)."""
     if op.name == "MultiHeadAttention":
-        from test_mha import mha_tolerances
+        from layer.test_mha import mha_tolerances
         # The bound from the finite entries (non-finite ones give non-finite outputs,
         # compared by position).
         q, k, v = (np.where(np.isfinite(a), a, 0).astype(np.asarray(a).dtype)

@@ -16,6 +16,8 @@ from fastattn import bench
 from fastattn.bench import _cases
 from fastattn.bench._cli import main
 
+from helpers import REPO
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -171,7 +173,7 @@ def test_console_script_runs_in_the_source_checkout():
                                             else "fastattn-bench")
     if not script.exists():
         pytest.skip("the fastattn-bench console script is not installed next to this Python")
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = REPO
     proc = subprocess.run([str(script), "--list", "--quick", "--shapes", "encoder"],
                           cwd=checkout, capture_output=True, text=True, timeout=120,
                           check=False)

@@ -1,4 +1,4 @@
-"""Targeted tests of DESIGN.md section 2, one rule at a time, on random data (fixed seeds).
+"""Targeted tests of docs/semantics.md, one rule at a time, on random data (fixed seeds).
 
 Equivalences whose two sides read exactly the same numbers in the same order (a strided
 view vs its contiguous copy, a stride-0 broadcast vs its materialised copy, any thread
@@ -20,10 +20,11 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from attention_checks import assert_close_attention, attention_tolerances, unpack
 
 import fastattn
 from fastattn import reference
+
+from helpers.attention_checks import assert_close_attention, attention_tolerances, unpack
 
 sdpa = fastattn.scaled_dot_product_attention
 
@@ -57,7 +58,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# out=
+# out= (docs/semantics.md#outputs)
 
 
 OUT_CASES = {
@@ -152,7 +153,7 @@ def test_inputs_not_modified(sdpa_impl, dtype):
 
 
 # --------------------------------------------------------------------------------------
-# Threads: identical bits for any count
+# Threads: identical bits for any count (docs/semantics.md#determinism)
 
 THREAD_CASES = {
     "causal-gqa": (((2, 6, 150, 40), (2, 3, 170, 40), (2, 3, 170, 24)),
@@ -251,7 +252,8 @@ def test_gil_released_during_kernel():
 
 
 # --------------------------------------------------------------------------------------
-# Excluded keys are never used (valid_lens: never read)
+# Excluded keys are never used (valid_lens: never read): docs/semantics.md#valid-lens,
+# #nan-and-inf
 
 
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
@@ -406,7 +408,7 @@ def test_nan_value_excluded_for_one_row_of_a_tile(isa, excluded_row):
 
 
 # --------------------------------------------------------------------------------------
-# GQA, broadcasting, strides
+# GQA, broadcasting, strides (docs/semantics.md#gqa-and-mqa, #layout, #strides)
 
 
 @pytest.mark.parametrize("hkv", [1, 2, 3, 6])
@@ -612,7 +614,8 @@ def test_weights_rows_sum_to_one_or_zero(isa):
 
 
 # --------------------------------------------------------------------------------------
-# Masks: causal, window and composition vs explicit masks
+# Masks: causal, window and composition vs explicit masks (docs/semantics.md#causal,
+# #window, #composition, #softcap, #scale)
 
 SHAPES_LQ_LK = [(37, 37), (20, 75), (75, 20), (130, 200), (200, 130), (1, 50), (50, 1), (1, 1)]
 
@@ -754,7 +757,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units are Linux's")
 def test_peak_memory_single_head_32k_keys():
     """L = 32768, E = 64, one head: far less than the 4 GiB a score matrix would take."""
-    # cwd: tests/, so the child imports the installed fastattn, not the source tree
+    # cwd: a tests/ folder, so the child imports the installed fastattn, not the source tree
     proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True,
                           text=True, timeout=300, check=False, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,6 @@
 """Helpers shared by the test modules: memory layouts and the one attention tolerance.
 
-Not a test module (no ``test_`` prefix); pytest puts ``tests/`` on ``sys.path``.
+Not a test module (no ``test_`` prefix); imported as ``helpers.attention_checks``.
 """
 
 from __future__ import annotations

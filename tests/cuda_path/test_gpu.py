@@ -1,8 +1,8 @@
 """The CUDA path on a GPU: CuPy arrays in, CuPy arrays out, against ``fastattn.reference``.
 
 Run with ``pytest -m gpu`` on a machine with CuPy and a CUDA GPU; skipped elsewhere. The
-cases and tolerances are the CPU suite's (``test_sdpa_properties``, ``test_masked_softmax``,
-``test_additive_attention``); ``cuda_checks.DeviceRunner`` copies each NumPy input to the
+cases and tolerances are the CPU suite's (``sdpa.test_properties``, ``family.test_masked_softmax``,
+``family.test_additive_attention``); ``cuda_checks.DeviceRunner`` copies each NumPy input to the
 device keeping its exact layout (strided, transposed, reversed, broadcast), calls the
 public function, checks the results are CuPy arrays (``out=`` returned as given) and
 compares them on the host.
@@ -14,10 +14,14 @@ import warnings
 
 import numpy as np
 import pytest
-import test_additive_attention as additive_tests
-import test_masked_softmax as softmax_tests
-import test_sdpa_properties as sdpa_tests
-from cuda_checks import (
+from hypothesis import HealthCheck, given, settings
+
+import fastattn
+from fastattn import _cuda, reference
+
+from family import test_additive_attention as additive_tests
+from family import test_masked_softmax as softmax_tests
+from helpers.cuda_checks import (
     DeviceRunner,
     check_additive,
     check_additive_case,
@@ -28,12 +32,9 @@ from cuda_checks import (
     check_softmax_case,
     to_device,
 )
-from family_checks import DTYPES
-from family_checks import build as family_build
-from hypothesis import HealthCheck, given, settings
-
-import fastattn
-from fastattn import _cuda, reference
+from helpers.family_checks import DTYPES
+from helpers.family_checks import build as family_build
+from sdpa import test_properties as sdpa_tests
 
 try:
     with warnings.catch_warnings():

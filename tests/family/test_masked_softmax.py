@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from family_checks import DTYPES, assert_close, compute_eps, fixture_ok, same_bits
 from hypothesis import given
 from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
+
+from helpers.family_checks import DTYPES, assert_close, compute_eps, fixture_ok, same_bits
 
 masked_softmax = fastattn.masked_softmax
 IMPLS = pytest.mark.parametrize("fn", [masked_softmax, reference.masked_softmax],

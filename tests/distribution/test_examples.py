@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from helpers import REPO
+
+EXAMPLES = REPO / "examples"
 SCRIPTS = {"translation_alignment.py": "translation_alignment.png",
            "image_patch_attention.py": "image_patch_attention.png"}
 

@@ -12,12 +12,13 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from attention_checks import LAYOUTS, assert_close_attention, unpack, with_layout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
+
+from helpers.attention_checks import LAYOUTS, assert_close_attention, unpack, with_layout
 
 DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 # Total multiply-adds of one case (batch * Hq * Lq * Lk * (E + Ev)): keeps each example

@@ -4,8 +4,8 @@ processes made by os.fork() -- directly, through multiprocessing's "fork" contex
 another thread of the parent is inside a kernel -- that then call fastattn.
 
 Every concurrent result must equal, bit for bit, the same call made alone with the same
-thread count. (Results are meant to be bit-identical for any thread count as well; the SDPA
-kernel is not, on AVX2/AVX-512 -- test_results_do_not_depend_on_the_thread_count pins it.)
+thread count; and results are bit-identical for any thread count, on every ISA
+(docs/semantics.md#determinism; test_results_do_not_depend_on_the_thread_count).
 A forked child runs single-threaded (GNU OpenMP's pool does not survive fork();
 fastattn/_threads.py); the fork tests run in a subprocess with a timeout so a hang fails the
 test instead of stalling the suite.
@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 import fastattn
+
+from helpers import TESTS
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -174,7 +176,7 @@ FORK_SCRIPT = textwrap.dedent("""
     import numpy as np
     sys.path.insert(0, {tests!r})
     import fastattn
-    from test_concurrency import calls, _as_bytes, _pool_task
+    from reliability.test_concurrency import calls, _as_bytes, _pool_task
 
     fns = calls()
     expected = {{name: _as_bytes(fn(1)) for name, fn in fns.items()}}
@@ -238,7 +240,7 @@ FORK_SCRIPT = textwrap.dedent("""
 def test_fork_child_computes_single_threaded():
     """A process forked after the parent ran OpenMP teams (and while a parent thread is
     inside a kernel) computes every function, single-threaded, with identical results."""
-    script = FORK_SCRIPT.format(tests=TESTS_DIR)
+    script = FORK_SCRIPT.format(tests=str(TESTS))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=600, cwd=TESTS_DIR)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -267,9 +269,10 @@ def test_forked_child_thread_count_is_one():
 
 
 def test_results_do_not_depend_on_the_thread_count(isa):
-    """DESIGN.md: identical bits for any thread count. The SDPA kernel's query blocks follow
-    the thread count, so this holds only because every row goes through the same register
-    tile code (rows are padded to whole tiles) and key blocks sit at fixed positions."""
+    """docs/semantics.md#determinism: identical bits for any thread count. The SDPA
+    kernel's query blocks follow the thread count, so this holds only because every row
+    goes through the same register tile code (rows are padded to whole tiles) and key
+    blocks sit at fixed positions."""
     fns = calls()
     for name, fn in fns.items():
         one = fn(1)

@@ -17,7 +17,7 @@ masked_softmax = reference.masked_softmax
 
 
 # --------------------------------------------------------------------------------------
-# A loop-by-loop implementation of DESIGN.md section 2, in Python floats
+# A loop-by-loop implementation of docs/semantics.md (SDPA's rules), in Python floats
 
 
 def naive_sdpa(q, k, v, attn_mask=None, valid_lens=None, is_causal=False,

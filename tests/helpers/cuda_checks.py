@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from attention_checks import assert_close_attention, unpack
-from family_checks import additive_score_error, assert_close, compute_eps, finite_max, tolerances
 
 from fastattn import reference
+
+from .attention_checks import assert_close_attention, unpack
+from .family_checks import additive_score_error, assert_close, compute_eps, finite_max, tolerances
 
 
 def to_device(xp, to_host, a):
@@ -131,7 +132,7 @@ def check_sdpa_out(run: DeviceRunner, q, k, v, kwargs, layout: str = "c") -> Non
 
 
 # --------------------------------------------------------------------------------------
-# masked_softmax (cases and build from test_masked_softmax)
+# masked_softmax (cases and build from family.test_masked_softmax)
 
 
 def check_softmax_case(run: DeviceRunner, case, build) -> None:
@@ -155,7 +156,7 @@ def check_softmax_case(run: DeviceRunner, case, build) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# additive_attention (additive_cases and make_weights from test_additive_attention)
+# additive_attention (additive_cases and make_weights from family.test_additive_attention)
 
 
 def check_additive(run: DeviceRunner, q, k, v, w_q, w_k, w_v, *, return_weights=False,

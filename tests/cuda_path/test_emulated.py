@@ -3,8 +3,8 @@
 ``cuda_emulator`` compiles ``fastattn/cuda/attention.cu`` as host C++ (threads as fibers
 with real barriers, see ``cuda_emulation.h``) and drives fastattn's CUDA pipeline
 (validation, layouts, params blocks, launches) with NumPy arrays in place of CuPy ones.
-The cases and tolerances are the CPU suite's (``test_sdpa_properties``,
-``test_masked_softmax``, ``test_additive_attention``), through the same
+The cases and tolerances are the CPU suite's (``sdpa.test_properties``,
+``family.test_masked_softmax``, ``family.test_additive_attention``), through the same
 ``cuda_checks.DeviceRunner`` the GPU tests use. This shows the kernels' logic (tiling,
 online softmax, masks, strides, float16 conversions, barriers) is right; it says nothing
 about NVRTC, CuPy or the GPU's memory model -- those need ``pytest -m gpu`` on a GPU.
@@ -16,13 +16,17 @@ import functools
 import sys
 import types
 
-import cuda_emulator
 import numpy as np
 import pytest
-import test_additive_attention as additive_tests
-import test_masked_softmax as softmax_tests
-import test_sdpa_properties as sdpa_tests
-from cuda_checks import (
+from hypothesis import HealthCheck, given, settings
+
+import fastattn
+from fastattn import _cuda, reference
+
+from family import test_additive_attention as additive_tests
+from family import test_masked_softmax as softmax_tests
+from helpers import cuda_emulator
+from helpers.cuda_checks import (
     DeviceRunner,
     check_additive,
     check_additive_case,
@@ -32,12 +36,9 @@ from cuda_checks import (
     check_sdpa_spec,
     check_softmax_case,
 )
-from family_checks import DTYPES
-from family_checks import build as family_build
-from hypothesis import HealthCheck, given, settings
-
-import fastattn
-from fastattn import _cuda, reference
+from helpers.family_checks import DTYPES
+from helpers.family_checks import build as family_build
+from sdpa import test_properties as sdpa_tests
 
 pytestmark = pytest.mark.skipif(cuda_emulator.compiler() is None,
                                 reason="no C++ compiler to build the kernel emulation")

@@ -3,8 +3,9 @@ under every FASTATTN_ISA this CPU supports.
 
 The wheel test builds the extension from scratch (minutes), so it runs only when asked:
 
-    FASTATTN_TEST_WHEEL=1 pytest tests/test_packaging.py            # builds with pip wheel
-    FASTATTN_TEST_WHEEL=1 FASTATTN_WHEEL=dist/fastattn-...whl pytest tests/test_packaging.py
+    FASTATTN_TEST_WHEEL=1 pytest tests/distribution/test_packaging.py   # builds with pip wheel
+    FASTATTN_TEST_WHEEL=1 FASTATTN_WHEEL=dist/fastattn-...whl \\
+        pytest tests/distribution/test_packaging.py
 
 With qemu-user installed (apt-get install qemu-user), the wheel also runs on an emulated CPU
 without AVX.
@@ -26,7 +27,9 @@ import pytest
 
 import fastattn
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 
 
 def pyproject_version() -> str:

@@ -18,9 +18,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from attention_checks import LAYOUTS, with_layout
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+from .attention_checks import LAYOUTS, with_layout
 
 DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 

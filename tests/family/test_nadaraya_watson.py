@@ -14,13 +14,21 @@ import math
 
 import numpy as np
 import pytest
-from family_checks import DTYPES, assert_close, compute_eps, finite_max, fixture_ok, same_bits
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
 from fastattn._validate_family import silverman_bandwidth
+
+from helpers.family_checks import (
+    DTYPES,
+    assert_close,
+    compute_eps,
+    finite_max,
+    fixture_ok,
+    same_bits,
+)
 
 nw = fastattn.nadaraya_watson
 KERNELS = ["gaussian", "boxcar", "triangular", "epanechnikov"]

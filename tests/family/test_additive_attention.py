@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from family_checks import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fastattn
+from fastattn import reference
+
+from helpers.family_checks import (
     DTYPES,
     additive_score_error,
     assert_close,
@@ -24,11 +30,6 @@ from family_checks import (
     specs,
     tolerances,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-import fastattn
-from fastattn import reference
 
 additive = fastattn.additive_attention
 

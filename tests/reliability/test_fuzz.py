@@ -3,8 +3,9 @@
 Each example draws a call: shapes (empty axes, broadcast leading dims, GQA heads, several key
 blocks, split-key decoding), dtypes (float16/32/64 in either byte order, and int, complex,
 bool, object and string arrays that must be refused), memory layouts (see
-``tests/reliability_checks.py``: negative, zero and overlapping strides, gaps, unaligned data,
-strides that are not a multiple of the item size, read-only arrays, nested lists), masks
+``tests/helpers/reliability_checks.py``: negative, zero and overlapping strides, gaps,
+unaligned data, strides that are not a multiple of the item size, read-only arrays, nested
+lists), masks
 (bool, float with -inf/NaN, wrong dtypes and shapes), ``valid_lens`` (in and out of range,
 any integer dtype, wrong shapes), windows, flags, scales, softcaps, thread counts, ``out=``
 buffers (exact, strided, wrong, read-only, aliasing an input) and the ISA. Then:
@@ -31,7 +32,7 @@ kernel's edge, may legitimately select differently; those rows are not compared.
 
 Scale: ``FASTATTN_FUZZ_EXAMPLES`` examples per function (default 25), e.g.::
 
-    FASTATTN_FUZZ_EXAMPLES=3000 pytest tests/test_fuzz.py -p no:cacheprovider \\
+    FASTATTN_FUZZ_EXAMPLES=3000 pytest tests/reliability/test_fuzz.py -p no:cacheprovider \\
         --hypothesis-show-statistics
 
 (``--hypothesis-show-statistics`` prints the count and the outcomes: which errors were
@@ -44,10 +45,21 @@ import math
 import os
 
 import numpy as np
-from attention_checks import assert_close_attention, unpack
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from reliability_checks import (
+
+import fastattn
+from fastattn import reference
+from fastattn._validate import result_dtypes, sdpa_args
+from fastattn._validate_family import (
+    additive_args,
+    attention_spec,
+    regression_args,
+    silverman_bandwidth,
+)
+
+from helpers.attention_checks import assert_close_attention, unpack
+from helpers.reliability_checks import (
     BAD_FLOATS,
     FLOATS,
     KEEPS_VALUES,
@@ -61,16 +73,6 @@ from reliability_checks import (
     realize,
     row_norm_max,
     same_content,
-)
-
-import fastattn
-from fastattn import reference
-from fastattn._validate import result_dtypes, sdpa_args
-from fastattn._validate_family import (
-    additive_args,
-    attention_spec,
-    regression_args,
-    silverman_bandwidth,
 )
 
 EXAMPLES = int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", "25"))
@@ -1194,7 +1196,7 @@ def build_mha(c):
 @FUZZ
 @given(mha_cases())
 def test_fuzz_multi_head_attention(c):
-    from test_mha import layer_weights, mha_tolerances
+    from layer.test_mha import layer_weights, mha_tolerances
 
     def fast(layer, *arrays, **kwargs):
         return layer(*arrays, num_threads=c["num_threads"], **kwargs)

@@ -1,0 +1,1 @@
+"""The attention family: attention(), additive_attention, masked_softmax, nadaraya_watson."""

@@ -1,0 +1,1 @@
+"""The MultiHeadAttention layer and its KV cache."""
