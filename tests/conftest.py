@@ -34,11 +34,13 @@ def isa(request):
 
 
 IMPLS = [(fastattn.scaled_dot_product_attention, name) for name in ISAS] + [
-    (fastattn.reference.scaled_dot_product_attention, None)]
+    (fastattn.reference.scaled_dot_product_attention, None)
+]
 
 
-@pytest.fixture(params=IMPLS, ids=[f"fastattn-{name}" if name else "reference"
-                                   for _, name in IMPLS])
+@pytest.fixture(
+    params=IMPLS, ids=[f"fastattn-{name}" if name else "reference" for _, name in IMPLS]
+)
 def sdpa_impl(request):
     """fastattn's scaled_dot_product_attention on each ISA, then the NumPy reference: for
     properties both must have."""

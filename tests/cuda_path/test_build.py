@@ -38,20 +38,26 @@ def enum_names(source: str, enum: str) -> tuple:
     return tuple(e.split("=")[0].strip() for e in entries if e.strip())
 
 
-@pytest.mark.parametrize(("enum", "names"), [
-    ("AttentionParam", _cuda.ATTENTION_PARAMS + ("kAttentionHeader",)),
-    ("AttentionSlot", _cuda.ATTENTION_SLOTS + ("kAttentionSlots",)),
-    ("SoftmaxParam", _cuda.SOFTMAX_PARAMS + ("kSoftmaxHeader",)),
-    ("SoftmaxSlot", _cuda.SOFTMAX_SLOTS + ("kSoftmaxSlots",)),
-])
+@pytest.mark.parametrize(
+    ("enum", "names"),
+    [
+        ("AttentionParam", _cuda.ATTENTION_PARAMS + ("kAttentionHeader",)),
+        ("AttentionSlot", _cuda.ATTENTION_SLOTS + ("kAttentionSlots",)),
+        ("SoftmaxParam", _cuda.SOFTMAX_PARAMS + ("kSoftmaxHeader",)),
+        ("SoftmaxSlot", _cuda.SOFTMAX_SLOTS + ("kSoftmaxSlots",)),
+    ],
+)
 def test_params_blocks_match_the_source(enum, names):
     assert enum_names(SOURCE.read_text(), enum) == names
 
 
 def test_tile_constants_match_the_source():
     source = SOURCE.read_text()
-    for name, value in (("kThreads", _cuda.BLOCK_THREADS), ("kBlockQ", _cuda.BLOCK_Q),
-                        ("kBlockV", _cuda.BLOCK_V)):
+    for name, value in (
+        ("kThreads", _cuda.BLOCK_THREADS),
+        ("kBlockQ", _cuda.BLOCK_Q),
+        ("kBlockV", _cuda.BLOCK_V),
+    ):
         assert re.search(rf"constexpr int {name} = {value};", source), name
 
 
@@ -72,7 +78,8 @@ def _wrapper(tmp_path: Path) -> Path:
         f'#include "{SOURCE}"\n\n'
         "// Every instance fastattn._cuda launches (its KERNELS), so each one is compiled.\n"
         "extern void* const fastattn_kernels[];\n"
-        f"void* const fastattn_kernels[] = {{\n{instances}\n}};\n")
+        f"void* const fastattn_kernels[] = {{\n{instances}\n}};\n"
+    )
     return wrapper
 
 
@@ -82,9 +89,23 @@ def test_nvcc_compiles_every_instance(tmp_path):
     # Unoptimised device code: a third of the time, and every stage still runs (C++ front
     # end, PTX generation, ptxas with its shared-memory and register checks). NVRTC's test
     # below and CuPy compile optimised.
-    cmd = ["nvcc", "-std=c++17", *gencode, "--threads", str(len(ARCHES)),
-           "-Xcicc", "-O0", "-Xptxas", "-O0", "-Werror", "all-warnings",
-           "-c", str(_wrapper(tmp_path)), "-o", str(tmp_path / "instances.o")]
+    cmd = [
+        "nvcc",
+        "-std=c++17",
+        *gencode,
+        "--threads",
+        str(len(ARCHES)),
+        "-Xcicc",
+        "-O0",
+        "-Xptxas",
+        "-O0",
+        "-Werror",
+        "all-warnings",
+        "-c",
+        str(_wrapper(tmp_path)),
+        "-o",
+        str(tmp_path / "instances.o"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
 
@@ -121,8 +142,10 @@ def _nvrtc_compile(lib, source: str, options: list, names: tuple) -> dict:
             lib.nvrtcGetErrorString.restype = ctypes.c_char_p
             raise AssertionError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}")
 
-    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"attention.cu", 0,
-                                 None, None), "nvrtcCreateProgram")
+    check(
+        lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"attention.cu", 0, None, None),
+        "nvrtcCreateProgram",
+    )
     try:
         for name in names:
             check(lib.nvrtcAddNameExpression(prog, name.encode()), "nvrtcAddNameExpression")
@@ -136,8 +159,10 @@ def _nvrtc_compile(lib, source: str, options: list, names: tuple) -> dict:
         lowered = {}
         for name in names:
             out = ctypes.c_char_p()
-            check(lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(out)),
-                  f"nvrtcGetLoweredName({name})")
+            check(
+                lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(out)),
+                f"nvrtcGetLoweredName({name})",
+            )
             lowered[name] = out.value.decode()
         return lowered
     finally:

@@ -73,10 +73,19 @@ def test_numpy_calls_never_import_cupy(tmp_path):
         assert "cupy" not in sys.modules, "cupy was imported"
         print("ok")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120, check=False, cwd=os.path.dirname(__file__))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=os.path.dirname(__file__),
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -98,23 +107,35 @@ def _arrays(*shapes, dtype=F32):
 
 @pytest.mark.parametrize("position", ["query", "key", "value", "attn_mask", "valid_lens"])
 def test_mixing_numpy_and_cupy_is_a_type_error(stub_cupy, position):
-    args = {"query": np.ones((2, 4, 3), F32), "key": np.ones((2, 5, 3), F32),
-            "value": np.ones((2, 5, 3), F32), "attn_mask": np.ones((4, 5), bool),
-            "valid_lens": np.array([3, 5])}
+    args = {
+        "query": np.ones((2, 4, 3), F32),
+        "key": np.ones((2, 5, 3), F32),
+        "value": np.ones((2, 5, 3), F32),
+        "attn_mask": np.ones((4, 5), bool),
+        "valid_lens": np.array([3, 5]),
+    }
     on_device = {n: FakeDeviceArray(a) for n, a in args.items()}
     call = dict(on_device)
     call[position] = args[position]  # the one host array among device arrays
     with pytest.raises(TypeError, match=rf"{position} is a numpy.ndarray but .*CuPy arr"):
         fastattn.scaled_dot_product_attention(
-            call["query"], call["key"], call["value"], call["attn_mask"],
-            valid_lens=call["valid_lens"])
+            call["query"],
+            call["key"],
+            call["value"],
+            call["attn_mask"],
+            valid_lens=call["valid_lens"],
+        )
     # and the other way round: one device array among host arrays
     call = dict(args)
     call[position] = on_device[position]
     with pytest.raises(TypeError, match="numpy.ndarray but"):
         fastattn.scaled_dot_product_attention(
-            call["query"], call["key"], call["value"], call["attn_mask"],
-            valid_lens=call["valid_lens"])
+            call["query"],
+            call["key"],
+            call["value"],
+            call["attn_mask"],
+            valid_lens=call["valid_lens"],
+        )
 
 
 def test_mixing_in_the_family_and_out(stub_cupy):
@@ -165,8 +186,10 @@ SDPA_BAD = [
     ({"num_threads": 0}, ValueError),
     ({"out": np.empty((5, 3), F32)}, ValueError),
     ({"out": np.empty((5, 4), np.float64)}, ValueError),
-    ({"out": np.lib.stride_tricks.as_strided(np.empty(4, F32), (5, 4), (0, 4))},
-     ValueError),  # overlapping elements
+    (
+        {"out": np.lib.stride_tricks.as_strided(np.empty(4, F32), (5, 4), (0, 4))},
+        ValueError,
+    ),  # overlapping elements
 ]
 
 
@@ -177,8 +200,7 @@ def _sdpa_call(case, device: bool):
     q, k, v = _arrays(*shapes, dtype=dtype)
     wrap = FakeDeviceArray if device else (lambda a: a)
     kwargs = {n: wrap(a) if isinstance(a, np.ndarray) else a for n, a in case.items()}
-    return lambda: fastattn.scaled_dot_product_attention(wrap(q), wrap(k), wrap(v),
-                                                         **kwargs)
+    return lambda: fastattn.scaled_dot_product_attention(wrap(q), wrap(k), wrap(v), **kwargs)
 
 
 def _same_error(cpu, gpu, exc):
@@ -207,8 +229,9 @@ SOFTMAX_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("case", "exc"), SOFTMAX_BAD,
-                         ids=[str(i) for i in range(len(SOFTMAX_BAD))])
+@pytest.mark.parametrize(
+    ("case", "exc"), SOFTMAX_BAD, ids=[str(i) for i in range(len(SOFTMAX_BAD))]
+)
 def test_masked_softmax_errors_match_the_cpu_path(stub_cupy, case, exc):
     x = np.zeros((2, 3, 4), F32)
 
@@ -231,12 +254,12 @@ ADDITIVE_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("case", "exc"), ADDITIVE_BAD,
-                         ids=[str(i) for i in range(len(ADDITIVE_BAD))])
+@pytest.mark.parametrize(
+    ("case", "exc"), ADDITIVE_BAD, ids=[str(i) for i in range(len(ADDITIVE_BAD))]
+)
 def test_additive_errors_match_the_cpu_path(stub_cupy, case, exc):
     q, k, v = _arrays((3, 4), (5, 2), (5, 2))
-    weights = {"w_q": np.ones((4, 6), F32), "w_k": np.ones((2, 6), F32),
-               "w_v": np.ones(6, F32)}
+    weights = {"w_q": np.ones((4, 6), F32), "w_k": np.ones((2, 6), F32), "w_v": np.ones(6, F32)}
     case = dict(case)
     for name in weights:
         weights[name] = case.pop(name, weights[name])
@@ -244,7 +267,8 @@ def test_additive_errors_match_the_cpu_path(stub_cupy, case, exc):
     def call(wrap):
         kwargs = {n: wrap(a) if isinstance(a, np.ndarray) else a for n, a in case.items()}
         return lambda: fastattn.additive_attention(
-            wrap(q), wrap(k), wrap(v), *(wrap(w) for w in weights.values()), **kwargs)
+            wrap(q), wrap(k), wrap(v), *(wrap(w) for w in weights.values()), **kwargs
+        )
 
     _same_error(call(lambda a: a), call(FakeDeviceArray), exc)
 
@@ -260,8 +284,13 @@ def test_standins_carry_shape_and_dtype_only():
 
 def test_out_standin_has_the_layout_of_out():
     base = np.zeros((4, 6, 8), np.float32)
-    for out in (base, base[:, ::2, ::-1], base.transpose(2, 0, 1), base[1:2, :0],
-                np.broadcast_to(base[:1], (3, 6, 8))):
+    for out in (
+        base,
+        base[:, ::2, ::-1],
+        base.transpose(2, 0, 1),
+        base[1:2, :0],
+        np.broadcast_to(base[:1], (3, 6, 8)),
+    ):
         s = _cuda.out_standin(FakeDeviceArray(out) if out.size else out)
         assert (s.shape, s.dtype) == (out.shape, out.dtype)
         if out.size:
@@ -273,12 +302,18 @@ def test_group_offsets():
     """Element offsets of the leading axes of views (reversed, transposed, broadcast)
     relative to the view's first element."""
     base = np.arange(2 * 3 * 4).reshape(2, 3, 4)
-    for view in (base, base[:, ::-1], base.transpose(1, 0, 2),
-                 np.broadcast_to(base[:1], (5, 3, 4)), base[1:, 1::2]):
+    for view in (
+        base,
+        base[:, ::-1],
+        base.transpose(1, 0, 2),
+        np.broadcast_to(base[:1], (5, 3, 4)),
+        base[1:, 1::2],
+    ):
         strides = tuple(s // view.itemsize for s in view.strides)
         off = _cuda.group_offsets(view.shape[:2], strides[:2])
-        first = (view.__array_interface__["data"][0]
-                 - base.__array_interface__["data"][0]) // base.itemsize
+        first = (
+            view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        ) // base.itemsize
         np.testing.assert_array_equal(base.ravel()[first + off], view[..., 0])
 
 

@@ -40,14 +40,16 @@ from helpers.family_checks import DTYPES
 from helpers.family_checks import build as family_build
 from sdpa import test_properties as sdpa_tests
 
-pytestmark = pytest.mark.skipif(cuda_emulator.compiler() is None,
-                                reason="no C++ compiler to build the kernel emulation")
+pytestmark = pytest.mark.skipif(
+    cuda_emulator.compiler() is None, reason="no C++ compiler to build the kernel emulation"
+)
 
 
 def examples(factor: float = 1.0):
-    return settings(suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow],
-                    max_examples=max(1, round(settings.default.max_examples * factor)))
+    return settings(
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        max_examples=max(1, round(settings.default.max_examples * factor)),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -63,10 +65,13 @@ def launches():
 @pytest.fixture
 def run(emulator, launches):
     be = cuda_emulator.backend(emulator, launches)
-    return DeviceRunner(xp=np, to_host=np.asarray,
-                        sdpa_fn=functools.partial(_cuda.sdpa_forward, be),
-                        softmax_fn=functools.partial(_cuda.softmax_forward, be),
-                        additive_fn=functools.partial(_cuda.additive_forward, be))
+    return DeviceRunner(
+        xp=np,
+        to_host=np.asarray,
+        sdpa_fn=functools.partial(_cuda.sdpa_forward, be),
+        softmax_fn=functools.partial(_cuda.softmax_forward, be),
+        additive_fn=functools.partial(_cuda.additive_forward, be),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -118,8 +123,7 @@ def test_sdpa_out(run, layout, dtype):
     q = rng.standard_normal((2, 4, 21, 9)).astype(dtype)
     k = rng.standard_normal((2, 2, 40, 9)).astype(dtype)
     v = rng.standard_normal((2, 2, 40, 70)).astype(dtype)
-    check_sdpa_out(run, q, k, v, {"is_causal": True, "causal_alignment": "bottom_right"},
-                   layout)
+    check_sdpa_out(run, q, k, v, {"is_causal": True, "causal_alignment": "bottom_right"}, layout)
 
 
 def test_sdpa_nan_handling(run):
@@ -132,18 +136,22 @@ def test_sdpa_nan_handling(run):
     k[0, 2, 1] = np.nan  # batch 0: rows that attend key 2 are NaN
     v[1, 7:] = np.nan  # batch 1: past valid_lens
     v[0, 8] = np.nan  # batch 0: key 8 only visible to nobody (causal, Lq = 6)
-    got, expected = check_sdpa(run, q, k, v, {"valid_lens": np.array([9, 7]),
-                                              "is_causal": True}, True, True)
+    got, expected = check_sdpa(
+        run, q, k, v, {"valid_lens": np.array([9, 7]), "is_causal": True}, True, True
+    )
     assert np.isnan(got[0][0, 2:]).all() and np.isfinite(got[0][0, :2]).all()
     assert np.isfinite(got[0][1]).all()
 
 
-@pytest.mark.parametrize("shapes", [
-    ((2, 0, 4), (2, 5, 4), (2, 5, 3)),  # no queries
-    ((2, 6, 4), (2, 0, 4), (2, 0, 3)),  # no keys: zeros, lse -inf
-    ((2, 6, 4), (2, 5, 4), (2, 5, 0)),  # no value features
-    ((0, 2, 6, 4), (0, 1, 5, 4), (0, 1, 5, 3)),  # no batch
-])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((2, 0, 4), (2, 5, 4), (2, 5, 3)),  # no queries
+        ((2, 6, 4), (2, 0, 4), (2, 0, 3)),  # no keys: zeros, lse -inf
+        ((2, 6, 4), (2, 5, 4), (2, 5, 0)),  # no value features
+        ((0, 2, 6, 4), (0, 1, 5, 4), (0, 1, 5, 3)),  # no batch
+    ],
+)
 def test_sdpa_empty_dimensions(run, shapes, launches):
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
@@ -194,12 +202,17 @@ def test_masked_softmax_huge_logits(run, case):
 
 
 def test_masked_softmax_special_rows(run):
-    x = np.array([[1.0, 2.0, 3.0, np.nan],
-                  [-np.inf, -np.inf, 5.0, 6.0],
-                  [1.0, np.nan, 2.0, 3.0],
-                  [1.0, np.inf, 2.0, 3.0],
-                  [1e30, -1e30, 0.0, 1.0],
-                  [-np.inf, -np.inf, -np.inf, -np.inf]], np.float32)
+    x = np.array(
+        [
+            [1.0, 2.0, 3.0, np.nan],
+            [-np.inf, -np.inf, 5.0, 6.0],
+            [1.0, np.nan, 2.0, 3.0],
+            [1.0, np.inf, 2.0, 3.0],
+            [1e30, -1e30, 0.0, 1.0],
+            [-np.inf, -np.inf, -np.inf, -np.inf],
+        ],
+        np.float32,
+    )
     vl = np.array([3, 2, 4, 4, 4, 4])
     got = run.softmax(x, vl)
     np.testing.assert_allclose(got, reference.masked_softmax(x, vl), atol=1e-6)
@@ -227,8 +240,9 @@ def test_additive_long_keys(run):
     k = rng.standard_normal((1, 300, 16)).astype(np.float32)
     v = rng.standard_normal((1, 300, 8)).astype(np.float32)
     w = additive_tests.make_weights(8, 16, 16, 40)
-    check_additive(run, q, k, v, *w, is_causal=True, causal_alignment="bottom_right",
-                   return_weights=True)
+    check_additive(
+        run, q, k, v, *w, is_causal=True, causal_alignment="bottom_right", return_weights=True
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -249,8 +263,7 @@ def fake_cupy(monkeypatch, emulator):
     module.ndarray = FakeCupyArray
     module.asarray = lambda a: np.asarray(a).view(FakeCupyArray)
     monkeypatch.setitem(sys.modules, "cupy", module)
-    monkeypatch.setattr(_cuda, "_cupy_backend",
-                        lambda: cuda_emulator.backend(emulator))
+    monkeypatch.setattr(_cuda, "_cupy_backend", lambda: cuda_emulator.backend(emulator))
     return module
 
 
@@ -261,29 +274,48 @@ def test_public_functions_route_device_arrays(fake_cupy):
     k = rng.standard_normal((2, 1, 11, 4)).astype(np.float32)
     v = rng.standard_normal((2, 1, 11, 3)).astype(np.float32)
     mask = rng.random((9, 11)) < 0.7
-    kwargs = {"valid_lens": np.array([11, 6]), "is_causal": True,
-              "causal_alignment": "bottom_right", "window": (4, None), "softcap": 3.0,
-              "scale": 0.7}
+    kwargs = {
+        "valid_lens": np.array([11, 6]),
+        "is_causal": True,
+        "causal_alignment": "bottom_right",
+        "window": (4, None),
+        "softcap": 3.0,
+        "scale": 0.7,
+    }
     got = fastattn.scaled_dot_product_attention(
-        dev(q), dev(k), dev(v), dev(mask), return_lse=True, return_weights=True,
-        **{n: dev(a) if isinstance(a, np.ndarray) else a for n, a in kwargs.items()})
-    expected = reference.scaled_dot_product_attention(q, k, v, mask, return_lse=True,
-                                                      return_weights=True, **kwargs)
+        dev(q),
+        dev(k),
+        dev(v),
+        dev(mask),
+        return_lse=True,
+        return_weights=True,
+        **{n: dev(a) if isinstance(a, np.ndarray) else a for n, a in kwargs.items()},
+    )
+    expected = reference.scaled_dot_product_attention(
+        q, k, v, mask, return_lse=True, return_weights=True, **kwargs
+    )
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, atol=1e-5)
 
     x = rng.standard_normal((3, 5, 7)).astype(np.float32)
-    got = fastattn.masked_softmax(dev(x), dev(np.array([1, 7, 0])), mask=dev(mask[:5, :7]),
-                                  axis=-1)
+    got = fastattn.masked_softmax(dev(x), dev(np.array([1, 7, 0])), mask=dev(mask[:5, :7]), axis=-1)
     expected = reference.masked_softmax(x, np.array([1, 7, 0]), mask=mask[:5, :7])
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
     w = additive_tests.make_weights(9, 4, 4, 6)
     out = dev(np.full((2, 2, 9, 3), np.nan, np.float32))
-    got = fastattn.additive_attention(dev(q), dev(k), dev(v), *map(dev, w), dev(mask),
-                                      valid_lens=dev(np.array([11, 6])), window=(2, 3),
-                                      out=out)
+    got = fastattn.additive_attention(
+        dev(q),
+        dev(k),
+        dev(v),
+        *map(dev, w),
+        dev(mask),
+        valid_lens=dev(np.array([11, 6])),
+        window=(2, 3),
+        out=out,
+    )
     assert got is out
-    expected = reference.additive_attention(q, k, v, *w, mask, valid_lens=np.array([11, 6]),
-                                            window=(2, 3))
+    expected = reference.additive_attention(
+        q, k, v, *w, mask, valid_lens=np.array([11, 6]), window=(2, 3)
+    )
     np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -48,23 +48,28 @@ except Exception:  # not installed, or its CUDA libraries are missing
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a CUDA GPU "
-                                            "(cupy is not importable or sees no GPU)"),
+    pytest.mark.skipif(
+        not HAVE_GPU, reason="needs CuPy and a CUDA GPU (cupy is not importable or sees no GPU)"
+    ),
 ]
 
 
 def examples(factor: float = 1.0):
-    return settings(suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow],
-                    max_examples=max(1, round(settings.default.max_examples * factor)))
+    return settings(
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        max_examples=max(1, round(settings.default.max_examples * factor)),
+    )
 
 
 @pytest.fixture(scope="module")
 def run():
-    return DeviceRunner(xp=cupy, to_host=cupy.asnumpy,
-                        sdpa_fn=fastattn.scaled_dot_product_attention,
-                        softmax_fn=fastattn.masked_softmax,
-                        additive_fn=fastattn.additive_attention)
+    return DeviceRunner(
+        xp=cupy,
+        to_host=cupy.asnumpy,
+        sdpa_fn=fastattn.scaled_dot_product_attention,
+        softmax_fn=fastattn.masked_softmax,
+        additive_fn=fastattn.additive_attention,
+    )
 
 
 def dev(a):
@@ -118,8 +123,7 @@ def test_sdpa_out(run, layout, dtype):
     q = rng.standard_normal((2, 4, 21, 9)).astype(dtype)
     k = rng.standard_normal((2, 2, 40, 9)).astype(dtype)
     v = rng.standard_normal((2, 2, 40, 70)).astype(dtype)
-    check_sdpa_out(run, q, k, v, {"is_causal": True, "causal_alignment": "bottom_right"},
-                   layout)
+    check_sdpa_out(run, q, k, v, {"is_causal": True, "causal_alignment": "bottom_right"}, layout)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -129,8 +133,15 @@ def test_sdpa_long_sequences(run, dtype):
     q = rng.standard_normal((2, 4, 300, 128)).astype(dtype)
     k = rng.standard_normal((2, 2, 1000, 128)).astype(dtype)
     v = rng.standard_normal((2, 2, 1000, 96)).astype(dtype)
-    check_sdpa(run, q, k, v, {"is_causal": True, "causal_alignment": "bottom_right",
-                              "window": (500, None)}, True, False)
+    check_sdpa(
+        run,
+        q,
+        k,
+        v,
+        {"is_causal": True, "causal_alignment": "bottom_right", "window": (500, None)},
+        True,
+        False,
+    )
 
 
 def test_sdpa_no_score_matrix():
@@ -181,8 +192,7 @@ def test_mixing_numpy_and_cupy_is_a_type_error():
 def test_lists_and_scalars_are_moved_to_the_device():
     q = cupy.asarray(np.random.default_rng(5).standard_normal((2, 4, 3)))
     out = fastattn.scaled_dot_product_attention(q, q, q, valid_lens=[2, 4])
-    expected = reference.scaled_dot_product_attention(*(cupy.asnumpy(q),) * 3,
-                                                      valid_lens=[2, 4])
+    expected = reference.scaled_dot_product_attention(*(cupy.asnumpy(q),) * 3, valid_lens=[2, 4])
     np.testing.assert_allclose(cupy.asnumpy(out), expected, atol=1e-12)
 
 
@@ -213,11 +223,16 @@ def test_masked_softmax_huge_logits(run, case):
 
 
 def test_masked_softmax_special_rows(run):
-    x = np.array([[1.0, 2.0, 3.0, np.nan],
-                  [-np.inf, -np.inf, 5.0, 6.0],
-                  [1.0, np.nan, 2.0, 3.0],
-                  [1.0, np.inf, 2.0, 3.0],
-                  [1e30, -1e30, 0.0, 1.0]], np.float32)
+    x = np.array(
+        [
+            [1.0, 2.0, 3.0, np.nan],
+            [-np.inf, -np.inf, 5.0, 6.0],
+            [1.0, np.nan, 2.0, 3.0],
+            [1.0, np.inf, 2.0, 3.0],
+            [1e30, -1e30, 0.0, 1.0],
+        ],
+        np.float32,
+    )
     vl = np.array([3, 2, 4, 4, 4])
     got = run.softmax(x, vl)
     np.testing.assert_allclose(got, reference.masked_softmax(x, vl), atol=1e-6)
@@ -244,8 +259,9 @@ def test_additive_long_keys(run):
     k = rng.standard_normal((1, 600, 16)).astype(np.float32)
     v = rng.standard_normal((1, 600, 8)).astype(np.float32)
     w = additive_tests.make_weights(8, 16, 16, 24)
-    check_additive(run, q, k, v, *w, is_causal=True, causal_alignment="bottom_right",
-                   return_weights=True)
+    check_additive(
+        run, q, k, v, *w, is_causal=True, causal_alignment="bottom_right", return_weights=True
+    )
 
 
 def test_show_config_names_the_device(capsys):

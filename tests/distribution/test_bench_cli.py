@@ -24,12 +24,17 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def run_cli(cwd, *args, block_matplotlib=False):
     """The command line in a fresh interpreter (as a user runs it)."""
     if block_matplotlib:  # as if matplotlib were not installed
-        cmd = [sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; "
-               "from fastattn.bench._cli import main; raise SystemExit(main(sys.argv[1:]))"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['matplotlib'] = None; "
+            "from fastattn.bench._cli import main; raise SystemExit(main(sys.argv[1:]))",
+        ]
     else:
         cmd = [sys.executable, "-m", "fastattn.bench"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def have_matplotlib() -> bool:
@@ -41,8 +46,9 @@ def have_matplotlib() -> bool:
 
 
 def test_smoke_run_writes_report_and_json(tmp_path):
-    proc = run_cli(tmp_path, "--smoke", "--impls", "fastattn,numpy", "--out", "out", "--json",
-                   "--no-plots")
+    proc = run_cli(
+        tmp_path, "--smoke", "--impls", "fastattn,numpy", "--out", "out", "--json", "--no-plots"
+    )
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "out"
     doc = json.loads(proc.stdout)
@@ -64,10 +70,20 @@ def test_smoke_run_writes_report_and_json(tmp_path):
     assert "Report written to out/report.md" in proc.stderr
 
     md = (out / "report.md").read_text()
-    for text in ("# fastattn benchmark report", "## float32", "## float64", "## Method",
-                 "GFLOP/s", "% matmul", "vs numpy", "max abs error (fastattn / numpy)",
-                 "## Configuration (`fastattn.show_config()`)", f"isa: {doc['config']['isa']}",
-                 "float32 matmul rate, same run", "## Every measurement"):
+    for text in (
+        "# fastattn benchmark report",
+        "## float32",
+        "## float64",
+        "## Method",
+        "GFLOP/s",
+        "% matmul",
+        "vs numpy",
+        "max abs error (fastattn / numpy)",
+        "## Configuration (`fastattn.show_config()`)",
+        f"isa: {doc['config']['isa']}",
+        "float32 matmul rate, same run",
+        "## Every measurement",
+    ):
         assert text in md, text
     for name, _ in expected_rows:
         assert f"| {name} |" in md
@@ -75,8 +91,18 @@ def test_smoke_run_writes_report_and_json(tmp_path):
 
 
 def test_plots(tmp_path):
-    proc = run_cli(tmp_path, "--smoke", "--impls", "fastattn,numpy", "--shapes", "self",
-                   "--dtype", "float32", "--out", "out")
+    proc = run_cli(
+        tmp_path,
+        "--smoke",
+        "--impls",
+        "fastattn,numpy",
+        "--shapes",
+        "self",
+        "--dtype",
+        "float32",
+        "--out",
+        "out",
+    )
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "report.md").read_text()
     if not have_matplotlib():
@@ -93,8 +119,17 @@ def test_plots(tmp_path):
 
 
 def test_without_matplotlib_the_report_says_so(tmp_path):
-    proc = run_cli(tmp_path, "--smoke", "--impls", "fastattn,numpy", "--shapes", "decode",
-                   "--out", "out", block_matplotlib=True)
+    proc = run_cli(
+        tmp_path,
+        "--smoke",
+        "--impls",
+        "fastattn,numpy",
+        "--shapes",
+        "decode",
+        "--out",
+        "out",
+        block_matplotlib=True,
+    )
     assert proc.returncode == 0, proc.stderr
     md = (tmp_path / "out" / "report.md").read_text()
     assert "No plots: matplotlib is not installed" in md
@@ -110,13 +145,27 @@ def test_list_filters_and_bad_arguments(capsys):
     assert lines and all(line.startswith("GQA ") and "float64" not in line for line in lines)
     assert main(["--list", "--full"]) == 0
     full = capsys.readouterr().out
-    for kind in ("encoder", "self-attention", "causal", "cross-attention", "GQA prefill",
-                 "GQA decode", "short sequences", "additive", "masked_softmax", "8192x8192"):
+    for kind in (
+        "encoder",
+        "self-attention",
+        "causal",
+        "cross-attention",
+        "GQA prefill",
+        "GQA decode",
+        "short sequences",
+        "additive",
+        "masked_softmax",
+        "8192x8192",
+    ):
         assert kind in full, kind
     assert main(["--smoke", "--shapes", "no-such-shape"]) == 2
     assert "no case of the 'smoke' preset matches" in capsys.readouterr().err
-    for bad in (["--dtype", "float16"], ["--threads", "0"], ["--impls", "cupy"],
-                ["--quick", "--full"]):
+    for bad in (
+        ["--dtype", "float16"],
+        ["--threads", "0"],
+        ["--impls", "cupy"],
+        ["--quick", "--full"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(bad)
         assert exc.value.code == 2
@@ -130,6 +179,7 @@ def test_measure_interleaves_rotates_and_keeps_best_and_spread():
             calls.append(name)
             if seconds:
                 time.sleep(seconds)
+
         return fn
 
     method = bench.Method(rounds=3, round_time=0.003, settle=0.0, budget=1.0, max_calls=2)
@@ -145,8 +195,7 @@ def test_measure_interleaves_rotates_and_keeps_best_and_spread():
 
     # a candidate slower than its share of the budget gets the minimum number of rounds
     slow = bench.Method(rounds=5, round_time=0.001, settle=0.0, budget=0.03, min_rounds=2)
-    t = bench.measure({"slow": candidate("slow", 0.02), "fast": candidate("fast")},
-                      method=slow)
+    t = bench.measure({"slow": candidate("slow", 0.02), "fast": candidate("fast")}, method=slow)
     assert len(t["slow"].times) == 2 and len(t["fast"].times) == 5
     assert t["slow"].best >= 0.02
 
@@ -160,7 +209,9 @@ def test_baselines_and_flops():
         np.testing.assert_allclose(
             bench.numpy_sdpa(q, k, v, causal),
             fastattn.reference.scaled_dot_product_attention(q, k, v, is_causal=causal),
-            rtol=1e-12, atol=1e-12)
+            rtol=1e-12,
+            atol=1e-12,
+        )
     flops = bench.attention_flops((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))
     assert flops == 4 * 2 * 4 * 8 * 8 * 16
     assert bench.causal_fraction(4, 4) == pytest.approx(10 / 16)
@@ -169,13 +220,19 @@ def test_baselines_and_flops():
 def test_console_script_runs_in_the_source_checkout():
     """README's first command runs `fastattn-bench` in the checkout, where `python -m` would
     import the uncompiled fastattn/ folder."""
-    script = Path(sys.executable).parent / ("fastattn-bench.exe" if sys.platform == "win32"
-                                            else "fastattn-bench")
+    script = Path(sys.executable).parent / (
+        "fastattn-bench.exe" if sys.platform == "win32" else "fastattn-bench"
+    )
     if not script.exists():
         pytest.skip("the fastattn-bench console script is not installed next to this Python")
     checkout = REPO
-    proc = subprocess.run([str(script), "--list", "--quick", "--shapes", "encoder"],
-                          cwd=checkout, capture_output=True, text=True, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [str(script), "--list", "--quick", "--shapes", "encoder"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("encoder 1x12 512x512 E64")

@@ -12,8 +12,10 @@ import pytest
 from helpers import REPO
 
 EXAMPLES = REPO / "examples"
-SCRIPTS = {"translation_alignment.py": "translation_alignment.png",
-           "image_patch_attention.py": "image_patch_attention.png"}
+SCRIPTS = {
+    "translation_alignment.py": "translation_alignment.png",
+    "image_patch_attention.py": "image_patch_attention.png",
+}
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
@@ -21,8 +23,15 @@ def test_example_writes_png(script, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     env = dict(os.environ, MPLBACKEND="Agg")
     # cwd: a fresh directory, so the child imports the installed fastattn and writes there
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     png = tmp_path / SCRIPTS[script]
     assert f"wrote {SCRIPTS[script]}" in proc.stdout

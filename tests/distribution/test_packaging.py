@@ -34,7 +34,7 @@ ROOT = REPO
 
 def pyproject_version() -> str:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    project = text[text.index("[project]"):]
+    project = text[text.index("[project]") :]
     return re.search(r'^version\s*=\s*"([^"]+)"', project, re.MULTILINE).group(1)
 
 
@@ -46,35 +46,59 @@ def test_version_has_one_source():
     assert importlib.metadata.version("fastattn") == version
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert re.search(rf"^## \[{re.escape(version)}\]", changelog, re.MULTILINE), (
-        f"CHANGELOG.md has no '## [{version}]' section")
+        f"CHANGELOG.md has no '## [{version}]' section"
+    )
 
 
 @pytest.mark.wheel
-@pytest.mark.skipif(os.environ.get("FASTATTN_TEST_WHEEL") != "1",
-                    reason="builds a wheel (minutes): set FASTATTN_TEST_WHEEL=1")
+@pytest.mark.skipif(
+    os.environ.get("FASTATTN_TEST_WHEEL") != "1",
+    reason="builds a wheel (minutes): set FASTATTN_TEST_WHEEL=1",
+)
 def test_wheel_installs_into_a_fresh_venv_and_passes_the_smoke_test(tmp_path):
     wheel = os.environ.get("FASTATTN_WHEEL")
     if wheel:  # e.g. the auditwheel-repaired one
         wheel = Path(wheel).resolve()
     else:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w",
-                        str(tmp_path / "dist")], check=True, timeout=1800)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                str(ROOT),
+                "--no-deps",
+                "-w",
+                str(tmp_path / "dist"),
+            ],
+            check=True,
+            timeout=1800,
+        )
         (wheel,) = (tmp_path / "dist").glob("fastattn-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert any(re.fullmatch(r"fastattn/_core\..*(so|pyd)", n) for n in names), names
-    for needed in ("fastattn/__init__.py", "fastattn/reference.py", "fastattn/bench/__main__.py",
-                   "fastattn/_core.pyi"):
+    for needed in (
+        "fastattn/__init__.py",
+        "fastattn/reference.py",
+        "fastattn/bench/__main__.py",
+        "fastattn/_core.pyi",
+    ):
         assert needed in names
     assert not [n for n in names if n.endswith((".cpp", ".h", ".o")) or n.startswith("tests/")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True,
-                   timeout=900)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=900)
     # From a directory outside the source tree: the installed package must be the one tested.
-    proc = subprocess.run([str(python), str(ROOT / "tools" / "wheel_smoke.py")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=1800, check=False)
+    proc = subprocess.run(
+        [str(python), str(ROOT / "tools" / "wheel_smoke.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"fastattn {pyproject_version()} from {venv.resolve()}" in proc.stdout
@@ -87,17 +111,34 @@ def test_wheel_installs_into_a_fresh_venv_and_passes_the_smoke_test(tmp_path):
     qemu = shutil.which("qemu-x86_64")
     if qemu is None or platform.machine() != "x86_64":
         return
-    code = ("import fastattn; print(fastattn._core.available_isas(), "
-            "fastattn._core.active_isa())")
+    code = "import fastattn; print(fastattn._core.available_isas(), fastattn._core.active_isa())"
     old_cpu = [qemu, "-cpu", "Nehalem", str(python)]
-    proc = subprocess.run([*old_cpu, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, check=True)
+    proc = subprocess.run(
+        [*old_cpu, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     assert proc.stdout.split() == ["['scalar',", "'baseline']", "baseline"], proc.stdout
-    proc = subprocess.run([*old_cpu, str(ROOT / "tools" / "wheel_smoke.py"), "--child"],
-                          cwd=tmp_path, env=dict(os.environ, FASTATTN_ISA="baseline"),
-                          capture_output=True, text=True, timeout=1800, check=False)
+    proc = subprocess.run(
+        [*old_cpu, str(ROOT / "tools" / "wheel_smoke.py"), "--child"],
+        cwd=tmp_path,
+        env=dict(os.environ, FASTATTN_ISA="baseline"),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert proc.returncode == 0 and "ok isa=baseline" in proc.stdout, proc.stderr
-    proc = subprocess.run([*old_cpu, "-c", "import fastattn"], cwd=tmp_path,
-                          env=dict(os.environ, FASTATTN_ISA="avx2"), capture_output=True,
-                          text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [*old_cpu, "-c", "import fastattn"],
+        cwd=tmp_path,
+        env=dict(os.environ, FASTATTN_ISA="avx2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode != 0 and "does not support it" in proc.stderr

@@ -43,8 +43,9 @@ def make_weights(seed, dq, dk, hidden, dtype=np.float32, scale=1.0):
 
 
 def check(q, k, v, w_q, w_k, w_v, *, return_weights=False, use_out=False, **kwargs):
-    expected, exp_w = reference.additive_attention(q, k, v, w_q, w_k, w_v,
-                                                   return_weights=True, **kwargs)
+    expected, exp_w = reference.additive_attention(
+        q, k, v, w_q, w_k, w_v, return_weights=True, **kwargs
+    )
     out = out_buffer(expected) if use_out else None
     got = additive(q, k, v, w_q, w_k, w_v, return_weights=return_weights, out=out, **kwargs)
     got_w = None
@@ -69,8 +70,7 @@ def additive_cases(draw, masks="maybe", huge=False):
     spec = draw(specs(same_features=False, masks=masks, budget=30_000))
     hidden = draw(st.one_of(st.integers(1, 9), st.integers(10, 40)))
     w_dtype = draw(st.sampled_from(sorted(DTYPES)))
-    scale = draw(st.sampled_from([40.0, 200.0])) if huge else draw(
-        st.sampled_from([0.3, 1.0, 3.0]))
+    scale = draw(st.sampled_from([40.0, 200.0])) if huge else draw(st.sampled_from([0.3, 1.0, 3.0]))
     return spec, hidden, w_dtype, scale
 
 
@@ -114,8 +114,9 @@ def test_both_score_paths_agree(isa, dtype):
     q2 = q.copy()
     q2[1, 3, :] *= 1e3  # only row 3 of batch 1 saturates
     far = check(q2, k, v, *w)
-    np.testing.assert_allclose(far[0], moderate[0], rtol=0,
-                               atol=1e-4 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(
+        far[0], moderate[0], rtol=0, atol=1e-4 if dtype == np.float32 else 1e-12
+    )
 
 
 def test_large_call_decode_and_long_keys(isa):
@@ -171,8 +172,10 @@ def test_thread_count_does_not_change_bits(dtype):
     k = rng.standard_normal((2, 1, 300, 10)).astype(dtype)
     v = rng.standard_normal((2, 1, 300, 9)).astype(dtype)
     w = make_weights(3, 12, 10, 17, dtype)
-    runs = [additive(q, k, v, *w, is_causal=True, return_weights=True, num_threads=n)
-            for n in (1, 2, 3, 5)]
+    runs = [
+        additive(q, k, v, *w, is_causal=True, return_weights=True, num_threads=n)
+        for n in (1, 2, 3, 5)
+    ]
     for out, wts in runs[1:]:
         assert same_bits(out, runs[0][0]) and same_bits(wts, runs[0][1])
 
@@ -192,8 +195,15 @@ def test_weights_promote_the_dtype():
     q = k = v = np.ones((2, 3), np.float32)
     w_q, w_k, w_v = make_weights(0, 3, 3, 4, np.float64)
     assert additive(q, k, v, w_q, w_k, w_v).dtype == np.float64
-    assert additive(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
-                    *make_weights(0, 3, 3, 4, np.float16)).dtype == np.float16
+    assert (
+        additive(
+            q.astype(np.float16),
+            k.astype(np.float16),
+            v.astype(np.float16),
+            *make_weights(0, 3, 3, 4, np.float16),
+        ).dtype
+        == np.float16
+    )
 
 
 def test_memory_stays_linear():
@@ -215,8 +225,14 @@ def test_memory_stays_linear():
         "assert np.isfinite(out).all()\n"
         "print((after - before) // 1024)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=os.path.dirname(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=os.path.dirname(__file__),
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) < 64, f"peak RSS grew by {proc.stdout.strip()} MiB"
 

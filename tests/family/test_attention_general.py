@@ -56,16 +56,17 @@ def score_params(score, seed, eq, ek, dtype=np.float32):
         return {"bandwidth": float(rng.choice([0.5, 1.0, 3.0]))}
     if score == "additive":
         h = int(rng.integers(1, 12))
-        return {"w_q": (rng.standard_normal((eq, h)) / math.sqrt(eq)).astype(dtype),
-                "w_k": (rng.standard_normal((ek, h)) / math.sqrt(ek)).astype(dtype),
-                "w_v": rng.standard_normal(h).astype(dtype)}
+        return {
+            "w_q": (rng.standard_normal((eq, h)) / math.sqrt(eq)).astype(dtype),
+            "w_k": (rng.standard_normal((ek, h)) / math.sqrt(ek)).astype(dtype),
+            "w_v": rng.standard_normal(h).astype(dtype),
+        }
     return {}
 
 
 def score_error(score, q, k, params, attn_mask=None) -> float:
     if score == "additive":
-        return additive_score_error(q, k, params["w_q"], params["w_k"], params["w_v"],
-                                    attn_mask)
+        return additive_score_error(q, k, params["w_q"], params["w_k"], params["w_v"], attn_mask)
     weight = params.get("weight")
     eps, _ = compute_eps(q, k, *([] if weight is None else [weight]))
     qn, kn, e = row_norm_max(q), row_norm_max(k), q.shape[-1]
@@ -84,15 +85,27 @@ def score_error(score, q, k, params, attn_mask=None) -> float:
     return err
 
 
-def check(q, k, v, score, normalize, params, *, top_k=None, return_weights=False,
-          use_out=False, **kwargs):
+def check(
+    q, k, v, score, normalize, params, *, top_k=None, return_weights=False, use_out=False, **kwargs
+):
     """fastattn vs the reference on the rows whose selection is unambiguous."""
     extra = {"top_k": top_k} if normalize == "topk" else {}
-    expected, exp_w = reference.attention(q, k, v, score=score, normalize=normalize,
-                                          return_weights=True, **params, **extra, **kwargs)
+    expected, exp_w = reference.attention(
+        q, k, v, score=score, normalize=normalize, return_weights=True, **params, **extra, **kwargs
+    )
     out = out_buffer(expected) if use_out else None
-    got = attention(q, k, v, score=score, normalize=normalize, return_weights=return_weights,
-                    out=out, **params, **extra, **kwargs)
+    got = attention(
+        q,
+        k,
+        v,
+        score=score,
+        normalize=normalize,
+        return_weights=return_weights,
+        out=out,
+        **params,
+        **extra,
+        **kwargs,
+    )
     got_w = None
     if return_weights:
         got, got_w = got
@@ -103,10 +116,10 @@ def check(q, k, v, score, normalize, params, *, top_k=None, return_weights=False
     out_tol, w_tol = tolerances(err, k.shape[-2], finite_max(v), eps, f16)
     rows = None
     if normalize != "softmax":
-        _, soft_w = reference.attention(q, k, v, score=score, return_weights=True, **params,
-                                        **kwargs)
-        rows = unambiguous_rows(soft_w, 1 if normalize == "hardmax" else top_k,
-                                8 * err + 1e-12)
+        _, soft_w = reference.attention(
+            q, k, v, score=score, return_weights=True, **params, **kwargs
+        )
+        rows = unambiguous_rows(soft_w, 1 if normalize == "hardmax" else top_k, 8 * err + 1e-12)
     assert_close("output", got, expected, out_tol, rows)
     if got_w is not None:
         assert_close("weights", got_w, exp_w, w_tol, rows)
@@ -117,8 +130,13 @@ def check(q, k, v, score, normalize, params, *, top_k=None, return_weights=False
 def cases(draw, masks="maybe"):
     score = draw(st.sampled_from(SCORES))
     normalize = draw(st.sampled_from(NORMALIZERS))
-    spec = draw(specs(same_features=score not in ("general", "additive"), masks=masks,
-                      budget=20_000 if score == "additive" else 60_000))
+    spec = draw(
+        specs(
+            same_features=score not in ("general", "additive"),
+            masks=masks,
+            budget=20_000 if score == "additive" else 60_000,
+        )
+    )
     lk = spec.k_shape[-2]
     top_k = draw(st.integers(1, lk + 1)) if normalize == "topk" else None
     return score, normalize, spec, top_k
@@ -128,8 +146,18 @@ def run_case(case):
     score, normalize, spec, top_k = case
     q, k, v, kwargs = build(spec)
     params = score_params(score, spec.seed, q.shape[-1], k.shape[-1])
-    check(q, k, v, score, normalize, params, top_k=top_k, return_weights=spec.return_weights,
-          use_out=spec.out, **kwargs)
+    check(
+        q,
+        k,
+        v,
+        score,
+        normalize,
+        params,
+        top_k=top_k,
+        return_weights=spec.return_weights,
+        use_out=spec.out,
+        **kwargs,
+    )
 
 
 @fixture_ok(3.0)
@@ -152,8 +180,19 @@ def test_several_blocks_and_tasks(isa, normalize):
     q = rng.standard_normal((2, 4, 90, 24)).astype(np.float32)
     k = rng.standard_normal((2, 2, 700, 24)).astype(np.float32)
     v = rng.standard_normal((2, 2, 700, 8)).astype(np.float32)
-    got, rows = check(q, k, v, "scaled_dot", normalize, {}, top_k=5, return_weights=True,
-                      is_causal=True, causal_alignment="bottom_right", window=(300, None))
+    got, rows = check(
+        q,
+        k,
+        v,
+        "scaled_dot",
+        normalize,
+        {},
+        top_k=5,
+        return_weights=True,
+        is_causal=True,
+        causal_alignment="bottom_right",
+        window=(300, None),
+    )
     assert rows.mean() > 0.9
 
 
@@ -185,8 +224,9 @@ def test_topk_ties_keep_first_keys(isa):
     assert (w[0] > 0).tolist() == [True, True, False, True, False, True]
     e = np.exp(np.array([1.0, 3.0, 3.0, 2.0]) - 3.0)
     np.testing.assert_allclose(w[0, [0, 1, 3, 5]], e / e.sum(), rtol=1e-6)
-    ref = reference.attention(q, k, v, score="dot", normalize="topk", top_k=4,
-                              return_weights=True)[1]
+    ref = reference.attention(q, k, v, score="dot", normalize="topk", top_k=4, return_weights=True)[
+        1
+    ]
     np.testing.assert_array_equal(w > 0, ref > 0)
     np.testing.assert_allclose(w, ref, rtol=0, atol=1e-7)
 
@@ -209,10 +249,12 @@ def test_minus_inf_counts_as_masked_and_nan_poisons_the_row(isa):
     mask[2, 2] = np.nan  # row 2: NaN score -> NaN row
     mask[3, 1] = np.inf  # row 3: +inf: hardmax picks it; top-k is inf - inf = NaN
     for normalize, extra in (("hardmax", {}), ("topk", {"top_k": 2})):
-        got, w = attention(q, k, v, mask, score="dot", normalize=normalize,
-                           return_weights=True, **extra)
-        exp, exp_w = reference.attention(q, k, v, mask, score="dot", normalize=normalize,
-                                         return_weights=True, **extra)
+        got, w = attention(
+            q, k, v, mask, score="dot", normalize=normalize, return_weights=True, **extra
+        )
+        exp, exp_w = reference.attention(
+            q, k, v, mask, score="dot", normalize=normalize, return_weights=True, **extra
+        )
         assert_close(normalize, got, exp, 1e-5)
         assert_close(normalize + " weights", w, exp_w, 1e-6)
         assert (got[0] == 0).all() and (w[0] == 0).all()
@@ -230,8 +272,9 @@ def test_cosine_zero_vectors_and_scale_invariance(isa):
     a = attention(q, k, v, score="cosine", temperature=0.2)
     b = attention(q * 1e200, k * 1e-200, v, score="cosine", temperature=0.2)
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(a, reference.attention(q, k, v, score="cosine",
-                                                      temperature=0.2), atol=1e-13)
+    np.testing.assert_allclose(
+        a, reference.attention(q, k, v, score="cosine", temperature=0.2), atol=1e-13
+    )
 
 
 def test_gaussian_is_a_per_key_bias_on_dot_products():
@@ -250,8 +293,10 @@ def test_scaled_dot_softmax_is_sdpa():
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((2, 2, 9, 8)).astype(np.float32) for _ in range(3))
     mask = rng.random((9, 9)) < 0.7
-    assert same_bits(attention(q, k, v, mask, is_causal=True),
-                     fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=True))
+    assert same_bits(
+        attention(q, k, v, mask, is_causal=True),
+        fastattn.scaled_dot_product_attention(q, k, v, mask, is_causal=True),
+    )
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -267,8 +312,20 @@ def test_thread_count_does_not_change_bits(score):
     if score == "additive":
         normalizers.append(("softmax", {}))
     for normalize, extra in normalizers:
-        runs = [attention(q, k, v, score=score, normalize=normalize, num_threads=n,
-                          return_weights=True, **params, **extra) for n in (1, 2, 3)]
+        runs = [
+            attention(
+                q,
+                k,
+                v,
+                score=score,
+                normalize=normalize,
+                num_threads=n,
+                return_weights=True,
+                **params,
+                **extra,
+            )
+            for n in (1, 2, 3)
+        ]
         for out, w in runs[1:]:
             assert same_bits(out, runs[0][0]) and same_bits(w, runs[0][1])
 
@@ -286,53 +343,103 @@ def test_large_top_k_uses_small_task_blocks(isa):
 # Bad input: the same errors from fastattn and the reference
 
 _rng = np.random.default_rng(0)
-Q, K, V = (_rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 4), (2, 6, 4),
-                                                                 (2, 6, 3)))
+Q, K, V = (_rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 4), (2, 6, 4), (2, 6, 3)))
 BAD = {
     "score-unknown": ({"score": "bilinear"}, ValueError, r"score must be one of 'dot'"),
     "score-none": ({"score": None}, ValueError, r"score must be one of"),
-    "normalize-unknown": ({"normalize": "sparsemax"}, ValueError,
-                          r"normalize must be one of 'softmax', 'hardmax', 'topk'"),
+    "normalize-unknown": (
+        {"normalize": "sparsemax"},
+        ValueError,
+        r"normalize must be one of 'softmax', 'hardmax', 'topk'",
+    ),
     "topk-missing-k": ({"normalize": "topk"}, ValueError, r"needs top_k="),
-    "top_k-with-softmax": ({"top_k": 2}, ValueError,
-                           r"top_k= is a parameter of normalize='topk'"),
+    "top_k-with-softmax": ({"top_k": 2}, ValueError, r"top_k= is a parameter of normalize='topk'"),
     "top_k-zero": ({"normalize": "topk", "top_k": 0}, ValueError, r"top_k must be >= 1"),
     "top_k-float": ({"normalize": "topk", "top_k": 2.0}, TypeError, r"top_k must be an int"),
     "top_k-bool": ({"normalize": "topk", "top_k": True}, TypeError, r"top_k must be an int"),
-    "scale-with-dot": ({"score": "dot", "scale": 2.0}, ValueError,
-                       r"scale= is a parameter of score='scaled_dot', not of score='dot'"),
-    "weight-with-cosine": ({"score": "cosine", "weight": np.eye(4)}, ValueError,
-                           r"weight= is a parameter of score='general'"),
-    "w_q-with-gaussian": ({"score": "gaussian", "w_q": np.eye(4)}, ValueError,
-                          r"w_q= is a parameter of score='additive'"),
+    "scale-with-dot": (
+        {"score": "dot", "scale": 2.0},
+        ValueError,
+        r"scale= is a parameter of score='scaled_dot', not of score='dot'",
+    ),
+    "weight-with-cosine": (
+        {"score": "cosine", "weight": np.eye(4)},
+        ValueError,
+        r"weight= is a parameter of score='general'",
+    ),
+    "w_q-with-gaussian": (
+        {"score": "gaussian", "w_q": np.eye(4)},
+        ValueError,
+        r"w_q= is a parameter of score='additive'",
+    ),
     "general-no-weight": ({"score": "general"}, ValueError, r"needs weight="),
-    "general-weight-shape": ({"score": "general", "weight": np.eye(3)}, ValueError,
-                             r"weight must have shape \(query features, key features\) = "
-                             r"\(4, 4\), got shape \(3, 3\)"),
-    "general-weight-int": ({"score": "general", "weight": np.eye(4, dtype=int)}, TypeError,
-                           r"weight must be a floating-point array"),
-    "temperature-zero": ({"score": "cosine", "temperature": 0.0}, ValueError,
-                         r"temperature must be > 0"),
-    "temperature-str": ({"score": "cosine", "temperature": "1"}, TypeError,
-                        r"temperature must be a real number"),
-    "bandwidth-negative": ({"score": "gaussian", "bandwidth": -1.0}, ValueError,
-                           r"bandwidth must be > 0"),
-    "bandwidth-tiny": ({"score": "gaussian", "bandwidth": 1e-30}, ValueError,
-                       r"bandwidth gives 1 / bandwidth\*\*2 = .* not finite in float32"),
-    "additive-missing": ({"score": "additive", "w_q": np.eye(4)}, ValueError,
-                         r"additive scores need w_q, w_k and w_v; missing w_k, w_v"),
-    "additive-w_v-shape": ({"score": "additive", "w_q": np.ones((4, 3)),
-                            "w_k": np.ones((4, 3)), "w_v": np.ones((3, 1))}, ValueError,
-                           r"w_v must have shape \(hidden,\) = \(3,\)"),
+    "general-weight-shape": (
+        {"score": "general", "weight": np.eye(3)},
+        ValueError,
+        r"weight must have shape \(query features, key features\) = "
+        r"\(4, 4\), got shape \(3, 3\)",
+    ),
+    "general-weight-int": (
+        {"score": "general", "weight": np.eye(4, dtype=int)},
+        TypeError,
+        r"weight must be a floating-point array",
+    ),
+    "temperature-zero": (
+        {"score": "cosine", "temperature": 0.0},
+        ValueError,
+        r"temperature must be > 0",
+    ),
+    "temperature-str": (
+        {"score": "cosine", "temperature": "1"},
+        TypeError,
+        r"temperature must be a real number",
+    ),
+    "bandwidth-negative": (
+        {"score": "gaussian", "bandwidth": -1.0},
+        ValueError,
+        r"bandwidth must be > 0",
+    ),
+    "bandwidth-tiny": (
+        {"score": "gaussian", "bandwidth": 1e-30},
+        ValueError,
+        r"bandwidth gives 1 / bandwidth\*\*2 = .* not finite in float32",
+    ),
+    "additive-missing": (
+        {"score": "additive", "w_q": np.eye(4)},
+        ValueError,
+        r"additive scores need w_q, w_k and w_v; missing w_k, w_v",
+    ),
+    "additive-w_v-shape": (
+        {
+            "score": "additive",
+            "w_q": np.ones((4, 3)),
+            "w_k": np.ones((4, 3)),
+            "w_v": np.ones((3, 1)),
+        },
+        ValueError,
+        r"w_v must have shape \(hidden,\) = \(3,\)",
+    ),
     "scale-nan": ({"scale": float("nan")}, ValueError, r"scale must be finite"),
-    "return_weights-int": ({"return_weights": 1}, TypeError,
-                           r"return_weights must be True or False"),
-    "features": ({"key": np.ones((2, 6, 5), np.float32)}, ValueError,
-                 r"key has feature size 5 .* query has 4"),
-    "mask-shape": ({"attn_mask": np.ones((4, 4), bool)}, ValueError,
-                   r"attn_mask of shape \(4, 4\) does not broadcast"),
-    "out-shape": ({"out": np.empty((2, 5, 4), np.float32)}, ValueError,
-                  r"out must have shape \(2, 5, 3\)"),
+    "return_weights-int": (
+        {"return_weights": 1},
+        TypeError,
+        r"return_weights must be True or False",
+    ),
+    "features": (
+        {"key": np.ones((2, 6, 5), np.float32)},
+        ValueError,
+        r"key has feature size 5 .* query has 4",
+    ),
+    "mask-shape": (
+        {"attn_mask": np.ones((4, 4), bool)},
+        ValueError,
+        r"attn_mask of shape \(4, 4\) does not broadcast",
+    ),
+    "out-shape": (
+        {"out": np.empty((2, 5, 4), np.float32)},
+        ValueError,
+        r"out must have shape \(2, 5, 3\)",
+    ),
     "num_threads": ({"num_threads": 0}, ValueError, r"num_threads must be >= 1"),
 }
 
@@ -378,11 +485,11 @@ def test_concurrent_python_threads():
     calls = [
         lambda: attention(q, k, v, normalize="topk", top_k=5, num_threads=2),
         lambda: attention(q, k, v, score="additive", normalize="hardmax", num_threads=2, **w),
-        lambda: fastattn.additive_attention(q, k, v, w["w_q"], w["w_k"], w["w_v"],
-                                            num_threads=2),
+        lambda: fastattn.additive_attention(q, k, v, w["w_q"], w["w_k"], w["w_v"], num_threads=2),
         lambda: fastattn.masked_softmax(q, num_threads=2),
-        lambda: fastattn.nadaraya_watson(q, k, v, kernel="epanechnikov", bandwidth=4.0,
-                                         num_threads=2),
+        lambda: fastattn.nadaraya_watson(
+            q, k, v, kernel="epanechnikov", bandwidth=4.0, num_threads=2
+        ),
     ]
     expected = [call() for call in calls]
     results = {}

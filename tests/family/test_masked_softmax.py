@@ -21,8 +21,9 @@ from fastattn import reference
 from helpers.family_checks import DTYPES, assert_close, compute_eps, fixture_ok, same_bits
 
 masked_softmax = fastattn.masked_softmax
-IMPLS = pytest.mark.parametrize("fn", [masked_softmax, reference.masked_softmax],
-                                ids=["fastattn", "reference"])
+IMPLS = pytest.mark.parametrize(
+    "fn", [masked_softmax, reference.masked_softmax], ids=["fastattn", "reference"]
+)
 
 
 @dataclass
@@ -81,8 +82,9 @@ def build(case: Case):
         vl = rng.integers(0, n + 1, size=case.valid_lens)
         kwargs["valid_lens"] = vl
         rows_shape = np.moveaxis(x, case.axis, -1).shape[:-1]
-        full = np.broadcast_to(vl.reshape(vl.shape + (1,) * (len(rows_shape) - vl.ndim)),
-                               rows_shape)
+        full = np.broadcast_to(
+            vl.reshape(vl.shape + (1,) * (len(rows_shape) - vl.ndim)), rows_shape
+        )
         moved = np.moveaxis(x, case.axis, -1)
         moved[np.arange(n) >= full[..., None]] = np.nan
     if case.mask is not None:
@@ -123,8 +125,9 @@ def check_case(case: Case) -> None:
     assert (got[expected == 0] == 0).all()
     sums = got.astype(np.float64).sum(axis=case.axis)
     finite = ~np.isnan(sums)
-    assert np.all((np.abs(sums[finite] - 1) <= 2 * tol * max(1, x.shape[case.axis]))
-                  | (sums[finite] == 0))
+    assert np.all(
+        (np.abs(sums[finite] - 1) <= 2 * tol * max(1, x.shape[case.axis])) | (sums[finite] == 0)
+    )
 
 
 @fixture_ok(2.0)
@@ -153,11 +156,16 @@ def test_d2l_example(isa):
 def test_special_rows(isa):
     """Nothing kept -> 0; only -inf kept -> 0; a kept NaN or +inf -> the whole row NaN;
     NaN past the valid length is never read."""
-    x = np.array([[1.0, 2.0, 3.0, np.nan],
-                  [-np.inf, -np.inf, 5.0, 6.0],
-                  [1.0, np.nan, 2.0, 3.0],
-                  [1.0, np.inf, 2.0, 3.0],
-                  [1e30, -1e30, 0.0, 1.0]], np.float32)
+    x = np.array(
+        [
+            [1.0, 2.0, 3.0, np.nan],
+            [-np.inf, -np.inf, 5.0, 6.0],
+            [1.0, np.nan, 2.0, 3.0],
+            [1.0, np.inf, 2.0, 3.0],
+            [1e30, -1e30, 0.0, 1.0],
+        ],
+        np.float32,
+    )
     vl = np.array([3, 2, 4, 4, 4])
     got = masked_softmax(x, vl)
     expected = reference.masked_softmax(x, vl)

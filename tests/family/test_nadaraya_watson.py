@@ -50,10 +50,23 @@ def cases(draw):
     bw = draw(st.sampled_from(["scalar", "array", "silverman"]))
     if grid:
         bw = draw(st.sampled_from(["scalar", "array"]))
-    return dict(seed=seed, kernel=kernel, grid=grid, scalar_x=scalar_x, d=d, batch=batch,
-                lq=lq, lk=lk, scalar_y=scalar_y, dy=dy, dtypes=dtypes, bw=bw,
-                threads=draw(st.sampled_from([None, 1, 2, 3])),
-                return_weights=draw(st.booleans()), out=draw(st.booleans()))
+    return dict(
+        seed=seed,
+        kernel=kernel,
+        grid=grid,
+        scalar_x=scalar_x,
+        d=d,
+        batch=batch,
+        lq=lq,
+        lk=lk,
+        scalar_y=scalar_y,
+        dy=dy,
+        dtypes=dtypes,
+        bw=bw,
+        threads=draw(st.sampled_from([None, 1, 2, 3])),
+        return_weights=draw(st.booleans()),
+        out=draw(st.booleans()),
+    )
 
 
 def build(c):
@@ -71,8 +84,10 @@ def build(c):
     y = rng.standard_normal(y_shape)
     xq, xk, y = (a.astype(DTYPES[t]) for a, t in zip((xq, xk, y), c["dtypes"]))
     if c["grid"]:
-        xq, xk = (a.astype(np.float64) if a.dtype == np.float16 and np.abs(a).max(
-            initial=0) > 64 else a for a in (xq, xk))
+        xq, xk = (
+            a.astype(np.float64) if a.dtype == np.float16 and np.abs(a).max(initial=0) > 64 else a
+            for a in (xq, xk)
+        )
     if c["bw"] == "scalar":
         h = float(rng.choice([0.5, 0.875, 1.25, 2.0, 3.5]))
     elif c["bw"] == "array":
@@ -109,14 +124,22 @@ def check(xq, xk, y, h, kernel, *, threads=None, return_weights=False, use_out=F
     if use_out:
         assert got is out
     eps, f16 = compute_eps(xq, xk, y)
-    hmin = float(np.min(silverman_bandwidth(np.asarray(xk)[..., None] if np.ndim(xk) == 1
-                                            else xk) if isinstance(h, str) else h))
+    hmin = float(
+        np.min(
+            silverman_bandwidth(np.asarray(xk)[..., None] if np.ndim(xk) == 1 else xk)
+            if isinstance(h, str)
+            else h
+        )
+    )
     d = 1 if np.ndim(xq) == 1 else np.shape(xq)[-1]
     spread = finite_max(xq) + finite_max(xk)
     d2max = d * spread * spread
     lk = np.shape(xk)[0] if np.ndim(xk) == 1 else np.shape(xk)[-2]
-    score_err = (8 + d) * eps * d2max / hmin**2 if kernel == "gaussian" else (
-        (8 + d) * eps * (1 + math.sqrt(d2max) / hmin) * lk)
+    score_err = (
+        (8 + d) * eps * d2max / hmin**2
+        if kernel == "gaussian"
+        else ((8 + d) * eps * (1 + math.sqrt(d2max) / hmin) * lk)
+    )
     w_tol = 4 * score_err + eps * (32 + lk)
     out_tol = w_tol * finite_max(y)
     if f16:
@@ -141,18 +164,28 @@ def test_matches_reference(isa, c):
         assume(np.all(s > 1e-3))
     if c["kernel"] != "gaussian" and not c["grid"]:
         assume(not near_edge(xq, xk, h))
-    check(xq, xk, y, h, c["kernel"], threads=c["threads"], return_weights=c["return_weights"],
-          use_out=c["out"])
+    check(
+        xq,
+        xk,
+        y,
+        h,
+        c["kernel"],
+        threads=c["threads"],
+        return_weights=c["return_weights"],
+        use_out=c["out"],
+    )
 
 
 def test_kernel_definitions(isa):
     x = np.array([0.0, 1.0, 2.0, 4.0])
     y = np.array([[1.0, 10.0], [2.0, 20.0], [4.0, 40.0], [8.0, 80.0]])
     q = np.array([1.5])
-    for kernel, w in (("boxcar", [0, 1, 1, 0]),
-                      ("triangular", [0, 0.25, 0.25, 0]),
-                      ("epanechnikov", [0, 0.75 * (1 - 0.25), 0.75 * (1 - 0.25), 0]),
-                      ("gaussian", np.exp(-np.array([1.5, 0.5, 0.5, 2.5]) ** 2 / 2))):
+    for kernel, w in (
+        ("boxcar", [0, 1, 1, 0]),
+        ("triangular", [0, 0.25, 0.25, 0]),
+        ("epanechnikov", [0, 0.75 * (1 - 0.25), 0.75 * (1 - 0.25), 0]),
+        ("gaussian", np.exp(-(np.array([1.5, 0.5, 0.5, 2.5]) ** 2) / 2)),
+    ):
         w = np.asarray(w, float) / np.sum(w)
         out, got_w = nw(q, x, y, kernel=kernel, bandwidth=1.0, return_weights=True)
         np.testing.assert_allclose(got_w[0], w, rtol=1e-13, atol=1e-15)
@@ -187,14 +220,18 @@ def test_silverman_rule():
     rng = np.random.default_rng(3)
     x = rng.standard_normal(200) * 3
     q75, q25 = np.percentile(x, [75, 25])
-    expected = 0.9 * min(x.std(ddof=1), (q75 - q25) / 1.34) * 200 ** -0.2
+    expected = 0.9 * min(x.std(ddof=1), (q75 - q25) / 1.34) * 200**-0.2
     assert math.isclose(float(silverman_bandwidth(x[:, None])), expected, rel_tol=1e-14)
     x3 = rng.standard_normal((50, 3))
     expected3 = (4 / 5) ** (1 / 7) * 50 ** (-1 / 7) * x3.std(axis=0, ddof=1).mean()
     assert math.isclose(float(silverman_bandwidth(x3)), expected3, rel_tol=1e-14)
     q = np.linspace(-3, 3, 7)
-    np.testing.assert_allclose(nw(q, x, np.sin(x), bandwidth="silverman"),
-                               nw(q, x, np.sin(x), bandwidth=expected), rtol=0, atol=0)
+    np.testing.assert_allclose(
+        nw(q, x, np.sin(x), bandwidth="silverman"),
+        nw(q, x, np.sin(x), bandwidth=expected),
+        rtol=0,
+        atol=0,
+    )
     # per batch entry
     xb = np.stack([x[:100], 10 * x[100:]])[..., None]
     hb = silverman_bandwidth(xb)
@@ -204,9 +241,9 @@ def test_silverman_rule():
 def test_regression_recovers_a_smooth_function():
     rng = np.random.default_rng(4)
     x = np.sort(rng.uniform(0, 5, 400))
-    y = 2 * np.sin(x) + x ** 0.8 + rng.normal(0, 0.1, 400)
+    y = 2 * np.sin(x) + x**0.8 + rng.normal(0, 0.1, 400)
     q = np.linspace(0.5, 4.5, 50)
-    truth = 2 * np.sin(q) + q ** 0.8
+    truth = 2 * np.sin(q) + q**0.8
     for kernel in KERNELS:
         est = nw(q, x, y, kernel=kernel, bandwidth=0.25)
         assert np.abs(est - truth).max() < 0.3
@@ -218,8 +255,10 @@ def test_thread_count_does_not_change_bits(kernel):
     xq = rng.standard_normal((3, 200, 2)).astype(np.float32)
     xk = rng.standard_normal((3, 700, 2)).astype(np.float32)
     y = rng.standard_normal((700, 3)).astype(np.float32)
-    runs = [nw(xq, xk, y, kernel=kernel, bandwidth=0.5, num_threads=n, return_weights=True)
-            for n in (1, 2, 3)]
+    runs = [
+        nw(xq, xk, y, kernel=kernel, bandwidth=0.5, num_threads=n, return_weights=True)
+        for n in (1, 2, 3)
+    ]
     for out, w in runs[1:]:
         assert same_bits(out, runs[0][0]) and same_bits(w, runs[0][1])
 
@@ -243,24 +282,45 @@ BAD = {
     "bandwidth-nan": ({"bandwidth": float("nan")}, ValueError, r"bandwidth must be finite"),
     "bandwidth-str": ({"bandwidth": "scott"}, ValueError, r"or 'silverman', got 'scott'"),
     "bandwidth-tiny": ({"bandwidth": 1e-200}, ValueError, r"bandwidth must lie in \["),
-    "bandwidth-array-neg": ({"bandwidth": np.array(-1.0)}, ValueError,
-                            r"bandwidth must be finite and > 0"),
-    "bandwidth-array-shape": ({"bandwidth": np.ones(3)}, ValueError,
-                              r"bandwidth of shape \(3,\) does not broadcast"),
+    "bandwidth-array-neg": (
+        {"bandwidth": np.array(-1.0)},
+        ValueError,
+        r"bandwidth must be finite and > 0",
+    ),
+    "bandwidth-array-shape": (
+        {"bandwidth": np.ones(3)},
+        ValueError,
+        r"bandwidth of shape \(3,\) does not broadcast",
+    ),
     "bandwidth-bool": ({"bandwidth": True}, TypeError, r"bandwidth must be a positive number"),
-    "silverman-one-key": ({"x_keys": X[:1], "y_values": X[:1], "bandwidth": "silverman"},
-                          ValueError, r"needs at least 2 keys"),
-    "silverman-constant": ({"x_keys": np.ones(6), "bandwidth": "silverman"}, ValueError,
-                           r"positive spread"),
-    "features": ({"x_query": np.ones((3, 2)), "x_keys": np.ones((6, 3))}, ValueError,
-                 r"x_keys has 3 features .* x_query has 2"),
+    "silverman-one-key": (
+        {"x_keys": X[:1], "y_values": X[:1], "bandwidth": "silverman"},
+        ValueError,
+        r"needs at least 2 keys",
+    ),
+    "silverman-constant": (
+        {"x_keys": np.ones(6), "bandwidth": "silverman"},
+        ValueError,
+        r"positive spread",
+    ),
+    "features": (
+        {"x_query": np.ones((3, 2)), "x_keys": np.ones((6, 3))},
+        ValueError,
+        r"x_keys has 3 features .* x_query has 2",
+    ),
     "zero-features": ({"x_query": np.ones((3, 0))}, ValueError, r"at least one feature"),
-    "y-length": ({"y_values": np.ones(5)}, ValueError,
-                 r"y_values has 5 entries \(axis 0\) but x_keys has 6 keys"),
+    "y-length": (
+        {"y_values": np.ones(5)},
+        ValueError,
+        r"y_values has 5 entries \(axis 0\) but x_keys has 6 keys",
+    ),
     "x-int": ({"x_query": np.arange(3)}, TypeError, r"x_query must be a floating-point"),
     "y-complex": ({"y_values": np.ones(6, complex)}, TypeError, r"y_values must be"),
-    "batch": ({"x_query": np.ones((2, 3, 1)), "x_keys": np.ones((3, 6, 1))}, ValueError,
-              r"do not broadcast together"),
+    "batch": (
+        {"x_query": np.ones((2, 3, 1)), "x_keys": np.ones((3, 6, 1))},
+        ValueError,
+        r"do not broadcast together",
+    ),
     "out-shape": ({"out": np.empty(4)}, ValueError, r"out must have shape \(3,\)"),
     "return_weights": ({"return_weights": "yes"}, TypeError, r"return_weights must be True"),
 }
@@ -271,8 +331,7 @@ BAD = {
 def test_bad_input(fn, name):
     kwargs, exc, pattern = BAD[name]
     kwargs = dict(kwargs)
-    args = [kwargs.pop("x_query", X[:3]), kwargs.pop("x_keys", X),
-            kwargs.pop("y_values", X)]
+    args = [kwargs.pop("x_query", X[:3]), kwargs.pop("x_keys", X), kwargs.pop("y_values", X)]
     with pytest.raises(exc, match=pattern) as info:
         fn(*args, **kwargs)
     assert type(info.value) is exc

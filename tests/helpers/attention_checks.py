@@ -148,8 +148,9 @@ def _assert_array_close(name: str, got, expected, tol: float) -> None:
         )
 
 
-def assert_close_attention(got, expected, query, key, value, *, attn_mask=None, scale=None,
-                           softcap=None) -> None:
+def assert_close_attention(
+    got, expected, query, key, value, *, attn_mask=None, scale=None, softcap=None
+) -> None:
     """Check a fastattn result against the reference, within :func:`attention_tolerances`.
 
     ``got`` and ``expected`` are ``(output, lse, weights)`` triples (see :func:`unpack`);
@@ -157,8 +158,9 @@ def assert_close_attention(got, expected, query, key, value, *, attn_mask=None, 
     positions of NaN/+inf/-inf must match exactly. Rows the reference finds fully masked
     (lse -inf) must be exactly 0 in the output and the weights.
     """
-    out_tol, lse_tol, w_tol = attention_tolerances(query, key, value, attn_mask=attn_mask,
-                                                   scale=scale, softcap=softcap)
+    out_tol, lse_tol, w_tol = attention_tolerances(
+        query, key, value, attn_mask=attn_mask, scale=scale, softcap=softcap
+    )
     got_out, got_lse, got_w = got
     exp_out, exp_lse, exp_w = expected
     _assert_array_close("output", got_out, exp_out, out_tol)

@@ -40,8 +40,9 @@ def to_device(xp, to_host, a):
     raw = np.ctypeslib.as_array((ctypes.c_uint8 * (high - low)).from_address(start)).copy()
     flat = xp.asarray(raw).view(a.dtype)
     # Positive strides from the lowest address, then the negative axes reversed by slicing.
-    dev = xp.lib.stride_tricks.as_strided(flat, shape=a.shape,
-                                          strides=tuple(abs(s) for s in a.strides))
+    dev = xp.lib.stride_tricks.as_strided(
+        flat, shape=a.shape, strides=tuple(abs(s) for s in a.strides)
+    )
     dev = dev[tuple(slice(None, None, -1) if s < 0 else slice(None) for s in a.strides)]
     assert dev.strides == a.strides
     np.testing.assert_array_equal(to_host(dev), a)  # NaN == NaN here
@@ -93,12 +94,24 @@ class DeviceRunner:
 
 
 def check_sdpa(run: DeviceRunner, q, k, v, kwargs, return_lse=False, return_weights=False):
-    expected = reference.scaled_dot_product_attention(q, k, v, return_lse=True,
-                                                      return_weights=True, **kwargs)
-    got = unpack(run.sdpa(q, k, v, return_lse=return_lse, return_weights=return_weights,
-                          **kwargs), return_lse, return_weights)
-    assert_close_attention(got, expected, q, k, v, attn_mask=kwargs.get("attn_mask"),
-                           scale=kwargs.get("scale"), softcap=kwargs.get("softcap"))
+    expected = reference.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=True, **kwargs
+    )
+    got = unpack(
+        run.sdpa(q, k, v, return_lse=return_lse, return_weights=return_weights, **kwargs),
+        return_lse,
+        return_weights,
+    )
+    assert_close_attention(
+        got,
+        expected,
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        scale=kwargs.get("scale"),
+        softcap=kwargs.get("softcap"),
+    )
     return got, expected
 
 
@@ -123,12 +136,20 @@ def check_sdpa_out(run: DeviceRunner, q, k, v, kwargs, layout: str = "c") -> Non
     if layout == "c":
         out = np.full(expected.shape, np.nan, expected.dtype)
     else:
-        out = np.full(expected.shape[:-1] + (2 * expected.shape[-1],), np.nan,
-                      expected.dtype)[..., ::2]
+        out = np.full(expected.shape[:-1] + (2 * expected.shape[-1],), np.nan, expected.dtype)[
+            ..., ::2
+        ]
     got = run.sdpa(q, k, v, out=out, **kwargs)
-    assert_close_attention((got, None, None), (expected, None, None), q, k, v,
-                           attn_mask=kwargs.get("attn_mask"), scale=kwargs.get("scale"),
-                           softcap=kwargs.get("softcap"))
+    assert_close_attention(
+        (got, None, None),
+        (expected, None, None),
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        scale=kwargs.get("scale"),
+        softcap=kwargs.get("softcap"),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -159,13 +180,14 @@ def check_softmax_case(run: DeviceRunner, case, build) -> None:
 # additive_attention (additive_cases and make_weights from family.test_additive_attention)
 
 
-def check_additive(run: DeviceRunner, q, k, v, w_q, w_k, w_v, *, return_weights=False,
-                   use_out=False, **kwargs):
-    expected, exp_w = reference.additive_attention(q, k, v, w_q, w_k, w_v,
-                                                   return_weights=True, **kwargs)
+def check_additive(
+    run: DeviceRunner, q, k, v, w_q, w_k, w_v, *, return_weights=False, use_out=False, **kwargs
+):
+    expected, exp_w = reference.additive_attention(
+        q, k, v, w_q, w_k, w_v, return_weights=True, **kwargs
+    )
     out = np.full(expected.shape, np.nan, expected.dtype) if use_out else None
-    got = run.additive(q, k, v, w_q, w_k, w_v, return_weights=return_weights, out=out,
-                       **kwargs)
+    got = run.additive(q, k, v, w_q, w_k, w_v, return_weights=return_weights, out=out, **kwargs)
     got_w = None
     if return_weights:
         got, got_w = got
@@ -184,5 +206,4 @@ def check_additive_case(run: DeviceRunner, case, build, make_weights, dtypes) ->
     spec, hidden, w_dtype, scale = case
     q, k, v, kwargs = build(spec)
     w = make_weights(spec.seed, q.shape[-1], k.shape[-1], hidden, dtypes[w_dtype], scale)
-    check_additive(run, q, k, v, *w, return_weights=spec.return_weights, use_out=spec.out,
-                   **kwargs)
+    check_additive(run, q, k, v, *w, return_weights=spec.return_weights, use_out=spec.out, **kwargs)

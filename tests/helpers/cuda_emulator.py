@@ -34,7 +34,8 @@ def compiler() -> str | None:
 def harness_source(source_path: Path) -> str:
     cases = "\n".join(
         f"    case {i}: return fastattn_emulation::launch(&{name}, grid, block, slots, n);"
-        for i, name in enumerate(_cuda.KERNELS))
+        for i, name in enumerate(_cuda.KERNELS)
+    )
     return f"""#include "cuda_emulation.h"
 #include "{source_path}"
 
@@ -58,15 +59,31 @@ def build(workdir: Path) -> ctypes.CDLL:
     harness = workdir / "harness.cpp"
     harness.write_text(harness_source(source))
     lib = workdir / "libfastattn_emulation.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
-           f"-I{HERE}", str(harness), "-o", str(lib)]
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        "-fPIC",
+        "-shared",
+        "-Wall",
+        "-Wno-unknown-pragmas",
+        f"-I{HERE}",
+        str(harness),
+        "-o",
+        str(lib),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     dll = ctypes.CDLL(str(lib))
     dll.fastattn_emulate.restype = ctypes.c_int
-    dll.fastattn_emulate.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
-                                     ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    dll.fastattn_emulate.argtypes = [
+        ctypes.c_int,
+        ctypes.c_longlong,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_ulonglong),
+        ctypes.c_int,
+    ]
     dll.fastattn_emulation_error.restype = ctypes.c_char_p
     return dll
 
@@ -88,10 +105,12 @@ def backend(dll: ctypes.CDLL, launches: list | None = None) -> _cuda.Backend:
         if launches is not None:
             launches.append((name, grid, block, args))
         slots = (ctypes.c_ulonglong * len(args))(*[_slot(a) for a in args])
-        rc = dll.fastattn_emulate(_cuda.KERNELS.index(name), min(grid, MAX_BLOCKS), block,
-                                  slots, len(args))
+        rc = dll.fastattn_emulate(
+            _cuda.KERNELS.index(name), min(grid, MAX_BLOCKS), block, slots, len(args)
+        )
         if rc:
             raise RuntimeError(f"emulated {name}: {dll.fastattn_emulation_error().decode()}")
 
-    return _cuda.Backend(xp=np, to_host=np.asarray,
-                         pointer=lambda a: a.__array_interface__["data"][0], launch=launch)
+    return _cuda.Backend(
+        xp=np, to_host=np.asarray, pointer=lambda a: a.__array_interface__["data"][0], launch=launch
+    )

@@ -29,9 +29,10 @@ DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 def fixture_ok(factor: float = 1.0):
     """Settings for a test that takes the function-scoped ``isa`` fixture (it only switches
     the ISA), with ``factor`` x the profile's examples."""
-    return settings(suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow],
-                    max_examples=max(1, round(settings.default.max_examples * factor)))
+    return settings(
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        max_examples=max(1, round(settings.default.max_examples * factor)),
+    )
 
 
 def compute_eps(*arrays) -> tuple[float, bool]:
@@ -63,9 +64,16 @@ def additive_score_error(q, k, w_q, w_k, w_v, attn_mask=None) -> float:
         return float((x @ np.abs(np.asarray(w, np.float64))).max(initial=0.0))
 
     hidden = w_v.shape[0]
-    err = eps * float(np.abs(np.asarray(w_v, np.float64)).sum()) * (
-        16 + hidden + (q.shape[-1] + 2) * proj_bound(q, w_q)
-        + (k.shape[-1] + 2) * proj_bound(k, w_k))
+    err = (
+        eps
+        * float(np.abs(np.asarray(w_v, np.float64)).sum())
+        * (
+            16
+            + hidden
+            + (q.shape[-1] + 2) * proj_bound(q, w_q)
+            + (k.shape[-1] + 2) * proj_bound(k, w_k)
+        )
+    )
     if attn_mask is not None and np.asarray(attn_mask).dtype.kind == "f":
         err += eps * 4 * finite_max(attn_mask)
     return err
@@ -97,14 +105,16 @@ def assert_close(name: str, got, expected, tol: float, rows=None) -> None:
         bad = pred(g) != pred(e)
         assert not bad.any(), (
             f"{name}: {what} positions differ at {np.argwhere(bad)[:5].tolist()} "
-            f"(got {g[bad][:5]}, expected {e[bad][:5]})")
+            f"(got {g[bad][:5]}, expected {e[bad][:5]})"
+        )
     finite = np.isfinite(e)
     if finite.any():
         err = np.abs(np.where(finite, g, 0.0) - np.where(finite, e, 0.0))
         worst = np.unravel_index(np.argmax(err), err.shape)
         assert err[worst] <= tol, (
             f"{name}: max abs error {err[worst]:.3g} > tol {tol:.3g} at {worst}: "
-            f"got {g[worst]!r}, expected {e[worst]!r}")
+            f"got {g[worst]!r}, expected {e[worst]!r}"
+        )
 
 
 def unambiguous_rows(weights: np.ndarray, k: int, gap: float) -> np.ndarray:
@@ -130,8 +140,11 @@ def unambiguous_rows(weights: np.ndarray, k: int, gap: float) -> np.ndarray:
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and (
-        np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and (np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -158,11 +171,10 @@ class Spec:
     @property
     def scores_shape(self) -> tuple:
         nd = max(len(self.q_shape), len(self.k_shape), len(self.v_shape))
-        q3, k3, v3 = ((1,) * (3 - len(s)) + s for s in (self.q_shape, self.k_shape,
-                                                       self.v_shape))
+        q3, k3, v3 = ((1,) * (3 - len(s)) + s for s in (self.q_shape, self.k_shape, self.v_shape))
         batch = np.broadcast_shapes(q3[:-3], k3[:-3], v3[:-3])
         full = batch + (q3[-3], q3[-2], k3[-2])
-        return full[len(full) - nd:]
+        return full[len(full) - nd :]
 
 
 def _sub_shape(draw, shape: tuple, *, keep_all: bool = False) -> tuple:
@@ -172,8 +184,15 @@ def _sub_shape(draw, shape: tuple, *, keep_all: bool = False) -> tuple:
 
 
 @st.composite
-def specs(draw, *, same_features: bool = True, budget: int = 40_000, masks: str = "maybe",
-          max_len: int = 40, max_feat: int = 12) -> Spec:
+def specs(
+    draw,
+    *,
+    same_features: bool = True,
+    budget: int = 40_000,
+    masks: str = "maybe",
+    max_len: int = 40,
+    max_feat: int = 12,
+) -> Spec:
     """Shapes (2-D, 3-D with heads, 4-D with batch; GQA), dtypes, layouts, masks, flags.
     ``budget`` bounds batch * Hq * Lq * Lk * (features + 8)."""
     seed = draw(st.integers(0, 2**32 - 1))
@@ -188,8 +207,9 @@ def specs(draw, *, same_features: bool = True, budget: int = 40_000, masks: str 
         batch, hkv, group = (), 1, 1
     else:
         hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-        batch = () if form == "3d" else tuple(draw(st.lists(st.integers(1, 3), min_size=1,
-                                                            max_size=2)))
+        batch = (
+            () if form == "3d" else tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+        )
     hq = hkv * group
     heads = hq * math.prod(batch)
     while heads * lq * max(lk, 1) * (max(e, ek) + 8) > budget and max(lq, lk) > 1:
@@ -204,14 +224,14 @@ def specs(draw, *, same_features: bool = True, budget: int = 40_000, masks: str 
         lead = _sub_shape(draw, batch) if batch else ()
         return lead + (heads_, length, feat)
 
-    spec = Spec(seed, array_shape(hq, lq, e), array_shape(hkv, lk, ek),
-                array_shape(hkv, lk, ev))
+    spec = Spec(seed, array_shape(hq, lq, e), array_shape(hkv, lk, ek), array_shape(hkv, lk, ev))
     if draw(st.booleans()):
         spec.dtypes = (draw(st.sampled_from(sorted(DTYPES))),) * 3
     else:
         spec.dtypes = tuple(draw(st.sampled_from(sorted(DTYPES))) for _ in range(3))
-    spec.layouts = tuple(draw(st.sampled_from(LAYOUTS)) if draw(st.booleans()) else "c"
-                         for _ in range(3))
+    spec.layouts = tuple(
+        draw(st.sampled_from(LAYOUTS)) if draw(st.booleans()) else "c" for _ in range(3)
+    )
     spec.magnitude = tuple(draw(st.sampled_from([1.0, 1.0, 0.01, 3.0])) for _ in range(3))
     scores = spec.scores_shape
     p = {"always": 6, "maybe": 3, "never": 0}[masks]
@@ -226,8 +246,10 @@ def specs(draw, *, same_features: bool = True, budget: int = 40_000, masks: str 
     if draw(st.integers(1, 7)) <= p:
         rows = scores[:-1]
         n = draw(st.integers(0, len(rows)))
-        spec.valid_lens = {"shape": _sub_shape(draw, rows[:n], keep_all=True),
-                           "low": draw(st.sampled_from([0, lk // 2, lk]))}
+        spec.valid_lens = {
+            "shape": _sub_shape(draw, rows[:n], keep_all=True),
+            "low": draw(st.sampled_from([0, lk // 2, lk])),
+        }
     kwargs = {}
     if draw(st.integers(1, 7)) <= p:
         kwargs["is_causal"] = True
@@ -248,8 +270,9 @@ def build(spec: Spec):
     past every valid length are NaN (they must never be read)."""
     rng = np.random.default_rng(spec.seed)
     arrays = []
-    for shape, dt, lay, mag in zip((spec.q_shape, spec.k_shape, spec.v_shape), spec.dtypes,
-                                   spec.layouts, spec.magnitude):
+    for shape, dt, lay, mag in zip(
+        (spec.q_shape, spec.k_shape, spec.v_shape), spec.dtypes, spec.layouts, spec.magnitude
+    ):
         x = (rng.standard_normal(shape) * mag).astype(DTYPES[dt])
         arrays.append(with_layout(x, lay if x.size else "c"))
     kwargs = dict(spec.kwargs)
@@ -263,12 +286,11 @@ def build(spec: Spec):
             kwargs["attn_mask"] = mask.astype(np.float32)
     if spec.valid_lens is not None:
         lk = spec.k_shape[-2]
-        vl = np.asarray(rng.integers(spec.valid_lens["low"], lk + 1,
-                                     size=spec.valid_lens["shape"]))
+        vl = np.asarray(rng.integers(spec.valid_lens["low"], lk + 1, size=spec.valid_lens["shape"]))
         kwargs["valid_lens"] = vl
         if vl.size and vl.max() < lk and spec.layouts[2] != "bcast":
             v = np.array(arrays[2])  # a writeable copy with NaN past the longest length
-            v[..., int(vl.max()):, :] = np.nan
+            v[..., int(vl.max()) :, :] = np.nan
             arrays[2] = v
     return (*arrays, kwargs)
 

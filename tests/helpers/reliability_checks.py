@@ -18,14 +18,29 @@ import numpy as np
 
 import fastattn
 
-LAYOUTS = ("c", "c", "c", "c", "fortran", "permuted", "permuted", "bcast", "overlap",
-           "unaligned", "packed", "readonly", "list")
-KEEPS_VALUES = frozenset(("c", "fortran", "permuted", "unaligned", "packed", "readonly",
-                          "list"))
+LAYOUTS = (
+    "c",
+    "c",
+    "c",
+    "c",
+    "fortran",
+    "permuted",
+    "permuted",
+    "bcast",
+    "overlap",
+    "unaligned",
+    "packed",
+    "readonly",
+    "list",
+)
+KEEPS_VALUES = frozenset(("c", "fortran", "permuted", "unaligned", "packed", "readonly", "list"))
 
 # (kind, byte order swapped): float dtypes weighted towards float32.
-FLOATS = (("f4", False),) * 4 + (("f8", False),) * 2 + (("f2", False), ("f4", True),
-                                                        ("f8", True), ("f2", True))
+FLOATS = (
+    (("f4", False),) * 4
+    + (("f8", False),) * 2
+    + (("f2", False), ("f4", True), ("f8", True), ("f2", True))
+)
 # Dtypes every float argument must refuse with TypeError.
 BAD_FLOATS = (("i4", False), ("c8", False), ("?", False), ("O", False), ("U3", False))
 
@@ -76,8 +91,9 @@ def realize(values: np.ndarray, dt: np.dtype, layout: str, rng: np.random.Genera
             big[...] = np.nan  # the gaps hold NaN, so reading one shows
         view = big[tuple(slice(None, None, steps[p]) for p in perm)]
         view = view.transpose(np.argsort(perm))
-        view = view[tuple(slice(None, None, -1) if flip else slice(None)
-                          for flip in rng.random(ndim) < 0.4)]
+        view = view[
+            tuple(slice(None, None, -1) if flip else slice(None) for flip in rng.random(ndim) < 0.4)
+        ]
         view[...] = cast(values, dt)
         return view
     if layout == "bcast":  # stride 0 along one axis of size > 1, or along all of them
@@ -100,7 +116,8 @@ def realize(values: np.ndarray, dt: np.dtype, layout: str, rng: np.random.Genera
         flat = values.ravel() if values.size else np.zeros(1)
         base = np.ascontiguousarray(cast(np.resize(flat, size), dt))
         return np.lib.stride_tricks.as_strided(
-            base[offset:], shape, tuple(int(m) * dt.itemsize for m in mult), writeable=False)
+            base[offset:], shape, tuple(int(m) * dt.itemsize for m in mult), writeable=False
+        )
     if layout == "unaligned":
         raw = np.zeros(values.size * dt.itemsize + 1, np.uint8)
         a = raw[1:].view(dt).reshape(shape)
@@ -117,8 +134,11 @@ def realize(values: np.ndarray, dt: np.dtype, layout: str, rng: np.random.Genera
 def same_content(a, b) -> bool:
     """Whether two arguments hold the same bytes (lists and scalars by equality)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return (a.shape == b.shape and a.dtype == b.dtype
-                and (a.dtype.kind == "O" or a.tobytes() == b.tobytes()))
+        return (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and (a.dtype.kind == "O" or a.tobytes() == b.tobytes())
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return False
     return True  # lists, scalars: a call cannot modify them through NumPy
@@ -171,10 +191,12 @@ def assert_close(name, got, expected, tol, skip_rows=None):
         bad = (pred(g) != pred(e)) & keep
         assert not bad.any(), (
             f"{name}: {what} positions differ at {np.argwhere(bad)[:4].tolist()} "
-            f"(got {g[bad][:4]}, expected {e[bad][:4]})")
+            f"(got {g[bad][:4]}, expected {e[bad][:4]})"
+        )
     finite = np.isfinite(e) & keep
     err = np.where(finite, np.abs(np.where(finite, g, 0.0) - np.where(finite, e, 0.0)), 0.0)
     over = err > np.broadcast_to(tol, err.shape)
     assert not over.any(), (
         f"{name}: error {err[over][:4]} over the tolerance "
-        f"{np.broadcast_to(tol, err.shape)[over][:4]} at {np.argwhere(over)[:4].tolist()}")
+        f"{np.broadcast_to(tol, err.shape)[over][:4]} at {np.argwhere(over)[:4].tolist()}"
+    )

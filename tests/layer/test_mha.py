@@ -45,11 +45,17 @@ def random_biases(layer, rng):
 
 def layer_weights(layer) -> dict:
     """The layer's weights as reference.multi_head_attention keyword arguments."""
-    return {"num_heads": layer.num_heads,
-            "q_weight": layer.q_proj.weight, "k_weight": layer.k_proj.weight,
-            "v_weight": layer.v_proj.weight, "out_weight": layer.out_proj.weight,
-            "q_bias": layer.q_proj.bias, "k_bias": layer.k_proj.bias,
-            "v_bias": layer.v_proj.bias, "out_bias": layer.out_proj.bias}
+    return {
+        "num_heads": layer.num_heads,
+        "q_weight": layer.q_proj.weight,
+        "k_weight": layer.k_proj.weight,
+        "v_weight": layer.v_proj.weight,
+        "out_weight": layer.out_proj.weight,
+        "q_bias": layer.q_proj.bias,
+        "k_bias": layer.k_proj.bias,
+        "v_bias": layer.v_proj.bias,
+        "out_bias": layer.out_proj.bias,
+    }
 
 
 def reference_call(layer, query, key=None, value=None, **kwargs):
@@ -105,15 +111,24 @@ def mha_tolerances(layer, query, key=None, value=None, attn_mask=None):
     kh = heads(k, layer.num_kv_heads)
     kh = np.repeat(kh, layer.num_heads // layer.num_kv_heads, axis=-3)
     out_attn, _, w_attn = attention_tolerances(
-        heads(q, layer.num_heads).astype(dt), kh.astype(dt),
-        heads(v, layer.num_kv_heads).astype(dt), attn_mask=attn_mask)
+        heads(q, layer.num_heads).astype(dt),
+        kh.astype(dt),
+        heads(v, layer.num_kv_heads).astype(dt),
+        attn_mask=attn_mask,
+    )
     attn_err = out_attn + shift * vmax + ev
     wo = layer.out_proj.weight.astype(np.float64)
     row_sum = float(np.abs(wo).sum(axis=1).max())
     attended_max = vmax + attn_err
     eps = float(np.finfo(np.promote_types(dt, np.float32)).eps)
-    out_round = (wo.shape[1] + 1) * eps * (row_sum * attended_max + (
-        0.0 if layer.out_proj.bias is None else float(np.abs(layer.out_proj.bias).max())))
+    out_round = (
+        (wo.shape[1] + 1)
+        * eps
+        * (
+            row_sum * attended_max
+            + (0.0 if layer.out_proj.bias is None else float(np.abs(layer.out_proj.bias).max()))
+        )
+    )
     out_tol = 2 * (row_sum * attn_err + out_round)
     if dt == np.float16:  # the result is rounded to float16
         out_tol += 2 * float(np.finfo(np.float16).eps) * (row_sum * attended_max + 1)
@@ -185,8 +200,16 @@ def build(case: Case):
     """(layer, args, kwargs) for a drawn case; every array drawn fresh (never zeros)."""
     rng = np.random.default_rng(case.seed)
     e = case.num_heads * case.head_dim
-    layer = MHA(e, case.num_heads, num_kv_heads=case.num_kv_heads, kdim=case.kdim,
-                vdim=case.vdim, bias=case.bias, dtype=case.dtype, seed=rng)
+    layer = MHA(
+        e,
+        case.num_heads,
+        num_kv_heads=case.num_kv_heads,
+        kdim=case.kdim,
+        vdim=case.vdim,
+        bias=case.bias,
+        dtype=case.dtype,
+        seed=rng,
+    )
     random_biases(layer, rng)
     lead = () if case.batch is None else (case.batch,)
     query = randn(rng, lead + (case.num_q, e), case.dtype)
@@ -194,13 +217,16 @@ def build(case: Case):
     if case.cross:
         args.append(randn(rng, lead + (case.num_k, layer.kdim), case.dtype))
         args.append(randn(rng, lead + (case.num_k, layer.vdim), case.dtype))
-    kwargs = {"is_causal": case.causal, "need_weights": case.need_weights,
-              "average_attn_weights": case.average}
+    kwargs = {
+        "is_causal": case.causal,
+        "need_weights": case.need_weights,
+        "average_attn_weights": case.average,
+    }
     scores = lead + (case.num_heads, case.num_q, case.num_k)
     if case.mask == "bool-full":
         kwargs["attn_mask"] = rng.random(scores) < 0.7
     elif case.mask == "bool-keys":  # a key padding mask, broadcast over heads and queries
-        kwargs["attn_mask"] = (rng.random(lead + (1, 1, case.num_k)) < 0.7)
+        kwargs["attn_mask"] = rng.random(lead + (1, 1, case.num_k)) < 0.7
     elif case.mask == "float":
         kwargs["attn_mask"] = randn(rng, scores[-2:], case.dtype)
     if case.valid_lens == "batch":
@@ -257,8 +283,9 @@ def test_decode_step_by_step_equals_one_causal_pass(case):
 
 def torch_module(torch, embed_dim, num_heads, *, kdim=None, vdim=None, bias=True, seed=0):
     torch.manual_seed(seed)
-    m = torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True, kdim=kdim,
-                                    vdim=vdim, bias=bias)
+    m = torch.nn.MultiheadAttention(
+        embed_dim, num_heads, batch_first=True, kdim=kdim, vdim=vdim, bias=bias
+    )
     if bias:  # torch initialises biases to zero: make them count
         with torch.no_grad():
             m.in_proj_bias.normal_()
@@ -266,14 +293,24 @@ def torch_module(torch, embed_dim, num_heads, *, kdim=None, vdim=None, bias=True
     return m.eval()
 
 
-TORCH_FORMS = {"packed": (None, None, True), "packed-nobias": (None, None, False),
-               "separate": (6, 10, True), "separate-nobias": (6, 10, False)}
+TORCH_FORMS = {
+    "packed": (None, None, True),
+    "packed-nobias": (None, None, False),
+    "separate": (6, 10, True),
+    "separate-nobias": (6, 10, False),
+}
 
 
 @pytest.mark.parametrize("form", sorted(TORCH_FORMS))
-@pytest.mark.parametrize("masking, batched", [
-    (m, b) for m in ("none", "bool", "float", "causal", "key_padding") for b in (True, False)
-    if b or m != "key_padding"])  # key_padding_mask: batched inputs
+@pytest.mark.parametrize(
+    "masking, batched",
+    [
+        (m, b)
+        for m in ("none", "bool", "float", "causal", "key_padding")
+        for b in (True, False)
+        if b or m != "key_padding"
+    ],
+)  # key_padding_mask: batched inputs
 def test_matches_torch(form, masking, batched):
     torch = pytest.importorskip("torch")
     kdim, vdim, bias = TORCH_FORMS[form]
@@ -312,8 +349,7 @@ def test_matches_torch(form, masking, batched):
         out, w = layer(q, k, v, need_weights=True, average_attn_weights=average, **ours)
         with torch.no_grad():
             tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-            t_out, t_w = m(tq, tk, tv, need_weights=True, average_attn_weights=average,
-                           **theirs)
+            t_out, t_w = m(tq, tk, tv, need_weights=True, average_attn_weights=average, **theirs)
         out_tol, w_tol = mha_tolerances(layer, q, k, v, attn_mask=ours.get("attn_mask"))
         # Both float32 results lie within the tolerance of the float64 answer.
         assert_close(out, t_out.numpy(), 2 * out_tol)
@@ -325,14 +361,16 @@ def test_matches_torch(form, masking, batched):
     layer64 = MHA.from_torch(m64.state_dict(), h)
     assert layer64.dtype == np.float64
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
-    theirs64 = {name: (t.double() if t.is_floating_point() else t)
-                for name, t in theirs.items() if name != "is_causal"}
+    theirs64 = {
+        name: (t.double() if t.is_floating_point() else t)
+        for name, t in theirs.items()
+        if name != "is_causal"
+    }
     if "is_causal" in theirs:
         theirs64["is_causal"] = True
     with torch.no_grad():
         t64, _ = m64(*(torch.from_numpy(a) for a in (q64, k64, v64)), **theirs64)
-    np.testing.assert_allclose(layer64(q64, k64, v64, **ours), t64.numpy(), rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(layer64(q64, k64, v64, **ours), t64.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_torch_self_attention_fast_path_and_state_dict_round_trip():
@@ -399,13 +437,18 @@ class FakeTensor:
 def test_from_torch_accepts_plain_arrays_and_tensor_likes():
     rng = np.random.default_rng(0)
     e = 12
-    sd = {"q_proj_weight": randn(rng, (e, e)), "k_proj_weight": randn(rng, (e, 5)),
-          "v_proj_weight": randn(rng, (e, 7)), "in_proj_bias": randn(rng, (3 * e,)),
-          "out_proj.weight": randn(rng, (e, e)), "out_proj.bias": randn(rng, (e,))}
+    sd = {
+        "q_proj_weight": randn(rng, (e, e)),
+        "k_proj_weight": randn(rng, (e, 5)),
+        "v_proj_weight": randn(rng, (e, 7)),
+        "in_proj_bias": randn(rng, (3 * e,)),
+        "out_proj.weight": randn(rng, (e, e)),
+        "out_proj.bias": randn(rng, (e,)),
+    }
     layer = MHA.from_torch({k: FakeTensor(v) for k, v in sd.items()}, 3)
     assert (layer.embed_dim, layer.num_heads, layer.kdim, layer.vdim) == (e, 3, 5, 7)
     np.testing.assert_array_equal(layer.k_proj.weight, sd["k_proj_weight"])
-    np.testing.assert_array_equal(layer.v_proj.bias, sd["in_proj_bias"][2 * e:])
+    np.testing.assert_array_equal(layer.v_proj.bias, sd["in_proj_bias"][2 * e :])
     sd["k_proj_weight"][0, 0] = 99.0  # the layer holds copies
     assert layer.k_proj.weight[0, 0] != 99.0
     assert MHA.from_torch(sd, 3, dtype=np.float64).dtype == np.float64
@@ -423,15 +466,15 @@ def test_gqa_equals_mha_with_repeated_kv_weights(num_kv_heads):
     k/v projections repeat each kv head's rows for its group."""
     rng = np.random.default_rng(num_kv_heads)
     h, d = 4, 3
-    gqa = random_biases(MHA(h * d, h, num_kv_heads=num_kv_heads, dtype=np.float64, seed=0),
-                        rng)
+    gqa = random_biases(MHA(h * d, h, num_kv_heads=num_kv_heads, dtype=np.float64, seed=0), rng)
     assert gqa.k_proj.weight.shape == (num_kv_heads * d, h * d)
     full = MHA(h * d, h, dtype=np.float64, seed=1)
     group = h // num_kv_heads
     for name in ("k_proj", "v_proj"):
         src, dst = getattr(gqa, name), getattr(full, name)
-        dst.weight = np.repeat(src.weight.reshape(num_kv_heads, d, -1), group,
-                               axis=0).reshape(h * d, -1)
+        dst.weight = np.repeat(src.weight.reshape(num_kv_heads, d, -1), group, axis=0).reshape(
+            h * d, -1
+        )
         dst.bias = np.repeat(src.bias.reshape(num_kv_heads, d), group, axis=0).ravel()
     for name in ("q_proj", "out_proj"):
         getattr(full, name).weight = getattr(gqa, name).weight
@@ -483,8 +526,9 @@ def test_unbatched_equals_batched_and_masks_per_query():
     batched = layer(x, valid_lens=vl)
     for i in range(3):
         np.testing.assert_array_equal(layer(x[i], valid_lens=vl[i]), batched[i])
-        np.testing.assert_array_equal(layer(x[i], valid_lens=int(vl[i, 0])),
-                                      layer(x[i:i + 1], valid_lens=vl[i, :1])[0])
+        np.testing.assert_array_equal(
+            layer(x[i], valid_lens=int(vl[i, 0])), layer(x[i : i + 1], valid_lens=vl[i, :1])[0]
+        )
     # a row with nothing to attend gives out_proj(0) = the output bias
     np.testing.assert_array_equal(batched[2, 0], layer.out_proj.bias)
 
@@ -567,14 +611,17 @@ def test_kv_cache_prefill_then_decode_gqa_with_masks():
     assert_close(pre, full[:, :6], 2 * tol)
     assert pre_w.shape == (2, 6, 6)
     for i in range(6, 10):
-        step, w = layer(x[:, i:i + 1], kv_cache=cache, is_causal=True, need_weights=True)
+        step, w = layer(x[:, i : i + 1], kv_cache=cache, is_causal=True, need_weights=True)
         assert w.shape == (2, 1, i + 1)
-        assert_close(step, full[:, i:i + 1], 2 * tol)
-        assert_close(w, full_w[:, i:i + 1, : i + 1], 2 * w_tol, "weights")
+        assert_close(step, full[:, i : i + 1], 2 * tol)
+        assert_close(w, full_w[:, i : i + 1, : i + 1], 2 * w_tol, "weights")
     assert len(cache) == 10 and cache.key.shape == (2, 2, 10, 4)
     # the cache holds the projected keys/values
-    k_ref = (x.astype(np.float64) @ layer.k_proj.weight.T.astype(np.float64)
-             + layer.k_proj.bias).reshape(2, 10, 2, 4).swapaxes(1, 2)
+    k_ref = (
+        (x.astype(np.float64) @ layer.k_proj.weight.T.astype(np.float64) + layer.k_proj.bias)
+        .reshape(2, 10, 2, 4)
+        .swapaxes(1, 2)
+    )
     np.testing.assert_allclose(cache.key, k_ref, rtol=1e-5, atol=1e-5)
 
     # masks and valid_lens see every cached key: compare with the reference
@@ -606,8 +653,11 @@ def test_kv_cache_full_is_an_error_and_leaves_the_cache_intact():
     cache = layer.new_kv_cache(1, 4)
     layer(x[:, :3], kv_cache=cache, is_causal=True)
     before = cache.key.copy()
-    with pytest.raises(ValueError, match=r"kv_cache is full: appending 2 positions to the 3 "
-                                         r"cached would exceed its max_len=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv_cache is full: appending 2 positions to the 3 "
+        r"cached would exceed its max_len=4",
+    ):
         layer(x[:, 3:5], kv_cache=cache, is_causal=True)
     assert len(cache) == 3
     np.testing.assert_array_equal(cache.key, before)
@@ -621,18 +671,23 @@ def test_kv_cache_full_is_an_error_and_leaves_the_cache_intact():
         layer(x[:, 4:5], kv_cache=cache, is_causal=True)
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    ("not a cache", TypeError, "kv_cache must be a KVCache"),
-    ("batch", ValueError, "kv_cache was made for batch=3 but the inputs have batch size 1"),
-    ("heads", ValueError, "kv_cache holds num_kv_heads=1, head_dim=4"),
-    ("dtype", ValueError, "dtype=float64"),
-])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        ("not a cache", TypeError, "kv_cache must be a KVCache"),
+        ("batch", ValueError, "kv_cache was made for batch=3 but the inputs have batch size 1"),
+        ("heads", ValueError, "kv_cache holds num_kv_heads=1, head_dim=4"),
+        ("dtype", ValueError, "dtype=float64"),
+    ],
+)
 def test_kv_cache_mismatch_errors(bad, error, message):
     layer = MHA(8, 2, seed=0)
-    cache = {"not a cache": object(),
-             "batch": layer.new_kv_cache(3, 4),
-             "heads": MHA(8, 2, num_kv_heads=1).new_kv_cache(1, 4),
-             "dtype": MHA(8, 2, dtype=np.float64).new_kv_cache(1, 4)}[bad]
+    cache = {
+        "not a cache": object(),
+        "batch": layer.new_kv_cache(3, 4),
+        "heads": MHA(8, 2, num_kv_heads=1).new_kv_cache(1, 4),
+        "dtype": MHA(8, 2, dtype=np.float64).new_kv_cache(1, 4),
+    }[bad]
     with pytest.raises(error, match=re.escape(message)):
         layer(np.ones((1, 1, 8), np.float32), kv_cache=cache)
 
@@ -652,82 +707,164 @@ BAD_CALLS = {
     "embed_dim type": (lambda: MHA(8.0, 2), TypeError, "embed_dim must be an int"),
     "num_heads bool": (lambda: MHA(8, True), TypeError, "num_heads must be an int"),
     "heads divide": (lambda: MHA(8, 3), ValueError, "num_heads=3 does not divide embed_dim=8"),
-    "kv heads divide": (lambda: MHA(8, 4, num_kv_heads=3), ValueError,
-                        "num_kv_heads=3 does not divide num_heads=4"),
+    "kv heads divide": (
+        lambda: MHA(8, 4, num_kv_heads=3),
+        ValueError,
+        "num_kv_heads=3 does not divide num_heads=4",
+    ),
     "kdim": (lambda: MHA(8, 2, kdim=-1), ValueError, "kdim must be >= 1"),
     "bias": (lambda: MHA(8, 2, bias=1), TypeError, "bias must be True or False"),
     "dtype": (lambda: MHA(8, 2, dtype=np.int32), TypeError, "dtype must be float16"),
     "seed": (lambda: MHA(8, 2, seed="x"), TypeError, "seed must be None"),
-    "query features": (lambda: _layer()(np.ones((2, 3, 7))), ValueError,
-                       "query must have shape (B, L, 8) or (L, 8) (embed_dim=8), got shape "
-                       "(2, 3, 7)"),
+    "query features": (
+        lambda: _layer()(np.ones((2, 3, 7))),
+        ValueError,
+        "query must have shape (B, L, 8) or (L, 8) (embed_dim=8), got shape (2, 3, 7)",
+    ),
     "query ndim": (lambda: _layer()(np.ones((1, 2, 3, 8))), ValueError, "query must have"),
     "query 1-D": (lambda: _layer()(np.ones(8)), ValueError, "query must have at least 2"),
-    "query dtype": (lambda: _layer()(np.ones((3, 8), int)), TypeError,
-                    "query must be a floating-point array"),
-    "key features": (lambda: _layer()(X, np.ones((2, 3, 5))), ValueError,
-                     "key must have shape (B, L, 8)"),
-    "key batch": (lambda: _layer()(X, np.ones((1, 3, 8))), ValueError,
-                  "key has batch size 1 but query has 2"),
-    "key ndim": (lambda: _layer()(X, np.ones((3, 8))), ValueError,
-                 "key has shape (3, 8) but query has shape (2, 3, 8)"),
-    "value length": (lambda: _layer()(X, X, np.ones((2, 4, 8))), ValueError,
-                     "value has 4 positions but key has 3"),
-    "key default": (lambda: MHA(8, 2, kdim=4)(X), ValueError,
-                    "key defaults to query, whose feature size 8 is not kdim=4"),
-    "value default": (lambda: MHA(8, 2, kdim=4, vdim=6)(X, np.ones((2, 3, 4))), ValueError,
-                      "value defaults to key, whose feature size 4 is not vdim=6"),
-    "attn_mask shape": (lambda: _layer()(X, attn_mask=np.ones((4, 3), bool)), ValueError,
-                        "attn_mask of shape (4, 3) does not broadcast"),
-    "attn_mask dtype": (lambda: _layer()(X, attn_mask=np.ones((3, 3), int)), TypeError,
-                        "attn_mask must be a bool array"),
-    "attn_mask unbatched": (lambda: _layer()(X[0], attn_mask=np.ones((1, 2, 3, 3), bool)),
-                            ValueError, "attn_mask of shape (1, 2, 3, 3) has more dims"),
-    "valid_lens shape": (lambda: _layer()(X, valid_lens=np.ones((2, 4), int)), ValueError,
-                         "valid_lens of shape (2, 4) does not fit the queries' shape (2, 3)"),
-    "valid_lens dtype": (lambda: _layer()(X, valid_lens=np.ones(2)), TypeError,
-                         "valid_lens must be an integer array"),
-    "valid_lens range": (lambda: _layer()(X, valid_lens=np.array([1, 4])), ValueError,
-                         "valid_lens must lie in [0, 3]"),
+    "query dtype": (
+        lambda: _layer()(np.ones((3, 8), int)),
+        TypeError,
+        "query must be a floating-point array",
+    ),
+    "key features": (
+        lambda: _layer()(X, np.ones((2, 3, 5))),
+        ValueError,
+        "key must have shape (B, L, 8)",
+    ),
+    "key batch": (
+        lambda: _layer()(X, np.ones((1, 3, 8))),
+        ValueError,
+        "key has batch size 1 but query has 2",
+    ),
+    "key ndim": (
+        lambda: _layer()(X, np.ones((3, 8))),
+        ValueError,
+        "key has shape (3, 8) but query has shape (2, 3, 8)",
+    ),
+    "value length": (
+        lambda: _layer()(X, X, np.ones((2, 4, 8))),
+        ValueError,
+        "value has 4 positions but key has 3",
+    ),
+    "key default": (
+        lambda: MHA(8, 2, kdim=4)(X),
+        ValueError,
+        "key defaults to query, whose feature size 8 is not kdim=4",
+    ),
+    "value default": (
+        lambda: MHA(8, 2, kdim=4, vdim=6)(X, np.ones((2, 3, 4))),
+        ValueError,
+        "value defaults to key, whose feature size 4 is not vdim=6",
+    ),
+    "attn_mask shape": (
+        lambda: _layer()(X, attn_mask=np.ones((4, 3), bool)),
+        ValueError,
+        "attn_mask of shape (4, 3) does not broadcast",
+    ),
+    "attn_mask dtype": (
+        lambda: _layer()(X, attn_mask=np.ones((3, 3), int)),
+        TypeError,
+        "attn_mask must be a bool array",
+    ),
+    "attn_mask unbatched": (
+        lambda: _layer()(X[0], attn_mask=np.ones((1, 2, 3, 3), bool)),
+        ValueError,
+        "attn_mask of shape (1, 2, 3, 3) has more dims",
+    ),
+    "valid_lens shape": (
+        lambda: _layer()(X, valid_lens=np.ones((2, 4), int)),
+        ValueError,
+        "valid_lens of shape (2, 4) does not fit the queries' shape (2, 3)",
+    ),
+    "valid_lens dtype": (
+        lambda: _layer()(X, valid_lens=np.ones(2)),
+        TypeError,
+        "valid_lens must be an integer array",
+    ),
+    "valid_lens range": (
+        lambda: _layer()(X, valid_lens=np.array([1, 4])),
+        ValueError,
+        "valid_lens must lie in [0, 3]",
+    ),
     "is_causal": (lambda: _layer()(X, is_causal=1), TypeError, "is_causal must be True"),
-    "need_weights": (lambda: _layer()(X, need_weights="yes"), TypeError,
-                     "need_weights must be True"),
-    "average": (lambda: _layer()(X, average_attn_weights=None), TypeError,
-                "average_attn_weights must be True"),
+    "need_weights": (
+        lambda: _layer()(X, need_weights="yes"),
+        TypeError,
+        "need_weights must be True",
+    ),
+    "average": (
+        lambda: _layer()(X, average_attn_weights=None),
+        TypeError,
+        "average_attn_weights must be True",
+    ),
     "num_threads": (lambda: _layer()(X, num_threads=0), ValueError, "num_threads must be >="),
-    "weight shape": (lambda: setattr(_layer().q_proj, "weight", np.ones((8, 7))), ValueError,
-                     "q_proj.weight must have shape (8, 8)"),
-    "bias shape": (lambda: setattr(_layer().v_proj, "bias", np.ones(3)), ValueError,
-                   "v_proj.bias must have shape (8,)"),
-    "no bias": (lambda: setattr(MHA(8, 2, bias=False).out_proj, "bias", np.ones(8)),
-                ValueError, "out_proj has no bias"),
+    "weight shape": (
+        lambda: setattr(_layer().q_proj, "weight", np.ones((8, 7))),
+        ValueError,
+        "q_proj.weight must have shape (8, 8)",
+    ),
+    "bias shape": (
+        lambda: setattr(_layer().v_proj, "bias", np.ones(3)),
+        ValueError,
+        "v_proj.bias must have shape (8,)",
+    ),
+    "no bias": (
+        lambda: setattr(MHA(8, 2, bias=False).out_proj, "bias", np.ones(8)),
+        ValueError,
+        "out_proj has no bias",
+    ),
     "cache batch": (lambda: _layer().new_kv_cache(0, 4), ValueError, "batch must be >= 1"),
-    "cache max_len": (lambda: _layer().new_kv_cache(1, 2.5), TypeError,
-                      "max_len must be an int"),
+    "cache max_len": (lambda: _layer().new_kv_cache(1, 2.5), TypeError, "max_len must be an int"),
 }
 
 E8 = np.ones((8, 8), np.float32)
 PACKED = {"in_proj_weight": np.ones((24, 8), np.float32), "out_proj.weight": E8}
 BAD_STATE_DICTS = {
     "not a mapping": ([1, 2], TypeError, "state_dict must be a mapping"),
-    "bias_kv": ({**PACKED, "bias_k": np.ones((1, 1, 8))}, ValueError,
-                "add_bias_kv=True"),
-    "prefix": ({"attn.in_proj_weight": PACKED["in_proj_weight"]}, ValueError,
-               "unexpected keys ['attn.in_proj_weight']"),
-    "no out_proj": ({"in_proj_weight": PACKED["in_proj_weight"]}, ValueError,
-                    "state_dict has no 'out_proj.weight'"),
+    "bias_kv": ({**PACKED, "bias_k": np.ones((1, 1, 8))}, ValueError, "add_bias_kv=True"),
+    "prefix": (
+        {"attn.in_proj_weight": PACKED["in_proj_weight"]},
+        ValueError,
+        "unexpected keys ['attn.in_proj_weight']",
+    ),
+    "no out_proj": (
+        {"in_proj_weight": PACKED["in_proj_weight"]},
+        ValueError,
+        "state_dict has no 'out_proj.weight'",
+    ),
     "no in_proj": ({"out_proj.weight": E8}, ValueError, "neither 'in_proj_weight'"),
-    "in_proj shape": ({**PACKED, "in_proj_weight": np.ones((16, 8))}, ValueError,
-                      "state_dict['in_proj_weight'] must have shape (3E, E) = (24, 8)"),
-    "k_proj shape": ({"q_proj_weight": E8, "k_proj_weight": np.ones((4, 3)),
-                      "v_proj_weight": E8, "out_proj.weight": E8}, ValueError,
-                     "state_dict['k_proj_weight'] must have shape (E, kdim) with E=8"),
-    "one bias": ({**PACKED, "out_proj.bias": np.ones(8)}, ValueError,
-                 "both 'in_proj_bias' and 'out_proj.bias' or neither"),
-    "bias shape": ({**PACKED, "out_proj.bias": np.ones(8), "in_proj_bias": np.ones(8)},
-                   ValueError, "state_dict['in_proj_bias'] must have shape (24,)"),
-    "int weights": ({**PACKED, "out_proj.weight": np.ones((8, 8), int)}, TypeError,
-                    "state_dict['out_proj.weight'] must be a floating-point array"),
+    "in_proj shape": (
+        {**PACKED, "in_proj_weight": np.ones((16, 8))},
+        ValueError,
+        "state_dict['in_proj_weight'] must have shape (3E, E) = (24, 8)",
+    ),
+    "k_proj shape": (
+        {
+            "q_proj_weight": E8,
+            "k_proj_weight": np.ones((4, 3)),
+            "v_proj_weight": E8,
+            "out_proj.weight": E8,
+        },
+        ValueError,
+        "state_dict['k_proj_weight'] must have shape (E, kdim) with E=8",
+    ),
+    "one bias": (
+        {**PACKED, "out_proj.bias": np.ones(8)},
+        ValueError,
+        "both 'in_proj_bias' and 'out_proj.bias' or neither",
+    ),
+    "bias shape": (
+        {**PACKED, "out_proj.bias": np.ones(8), "in_proj_bias": np.ones(8)},
+        ValueError,
+        "state_dict['in_proj_bias'] must have shape (24,)",
+    ),
+    "int weights": (
+        {**PACKED, "out_proj.weight": np.ones((8, 8), int)},
+        TypeError,
+        "state_dict['out_proj.weight'] must be a floating-point array",
+    ),
     "heads": (PACKED, ValueError, "num_heads=3 does not divide embed_dim=8"),
 }
 
@@ -751,8 +888,17 @@ def test_state_dict_of_a_gqa_layer_is_refused():
         MHA(8, 2, num_kv_heads=1).state_dict()
 
 
-@pytest.mark.parametrize("case", ["query features", "key batch", "value length",
-                                  "valid_lens shape", "attn_mask unbatched", "is_causal"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "query features",
+        "key batch",
+        "value length",
+        "valid_lens shape",
+        "attn_mask unbatched",
+        "is_causal",
+    ],
+)
 def test_reference_raises_the_same_errors(case):
     """The reference twin goes through the same checks."""
     fn, error, message = BAD_CALLS[case]
@@ -762,22 +908,26 @@ def test_reference_raises_the_same_errors(case):
         "key batch": lambda: reference_call(layer, X, np.ones((1, 3, 8))),
         "value length": lambda: reference_call(layer, X, X, np.ones((2, 4, 8))),
         "valid_lens shape": lambda: reference_call(layer, X, valid_lens=np.ones((2, 4), int)),
-        "attn_mask unbatched": lambda: reference_call(layer, X[0],
-                                                      attn_mask=np.ones((1, 2, 3, 3), bool)),
+        "attn_mask unbatched": lambda: reference_call(
+            layer, X[0], attn_mask=np.ones((1, 2, 3, 3), bool)
+        ),
         "is_causal": lambda: reference_call(layer, X, is_causal=1),
     }
     with pytest.raises(error, match=re.escape(message)):
         calls[case]()
 
 
-@pytest.mark.parametrize("weights, message", [
-    ({"q_weight": np.ones((8, 6))}, "q_weight must have shape (E, E) = (6, 6)"),
-    ({"out_weight": np.ones((8, 4))}, "out_weight must have shape (E, E) = (8, 8)"),
-    ({"k_weight": np.ones((6, 8))}, "k_weight has 6 out_features, not a positive multiple"),
-    ({"v_weight": np.ones((4, 8))}, "v_weight has 4 out_features but k_weight has 8"),
-    ({"q_bias": np.ones(3)}, "q_bias must have shape (8,)"),
-    ({"k_weight": np.ones(8)}, "k_weight must have at least 2 dimensions"),
-])
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"q_weight": np.ones((8, 6))}, "q_weight must have shape (E, E) = (6, 6)"),
+        ({"out_weight": np.ones((8, 4))}, "out_weight must have shape (E, E) = (8, 8)"),
+        ({"k_weight": np.ones((6, 8))}, "k_weight has 6 out_features, not a positive multiple"),
+        ({"v_weight": np.ones((4, 8))}, "v_weight has 4 out_features but k_weight has 8"),
+        ({"q_bias": np.ones(3)}, "q_bias must have shape (8,)"),
+        ({"k_weight": np.ones(8)}, "k_weight must have at least 2 dimensions"),
+    ],
+)
 def test_reference_weight_errors(weights, message):
     kw = {**layer_weights(_layer()), "k_bias": None, "v_bias": None, **weights}
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -812,12 +962,15 @@ def test_plot_attention_draws_a_labelled_heatmap(agg):
     assert image.axes is agg.gca()
 
 
-@pytest.mark.parametrize("args, error, message", [
-    ((np.ones((2, 2, 2)),), ValueError, "weights must be 2-D (Lq, Lk), got shape (2, 2, 2)"),
-    ((np.ones((2, 3)), ["a", "b"]), ValueError, "x_labels has 2 labels but weights has 3"),
-    ((np.ones((2, 3)), None, ["a"]), ValueError, "y_labels has 1 labels but weights has 2"),
-    ((np.ones((2, 3), complex),), TypeError, "weights must be a real-valued array"),
-])
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        ((np.ones((2, 2, 2)),), ValueError, "weights must be 2-D (Lq, Lk), got shape (2, 2, 2)"),
+        ((np.ones((2, 3)), ["a", "b"]), ValueError, "x_labels has 2 labels but weights has 3"),
+        ((np.ones((2, 3)), None, ["a"]), ValueError, "y_labels has 1 labels but weights has 2"),
+        ((np.ones((2, 3), complex),), TypeError, "weights must be a real-valued array"),
+    ],
+)
 def test_plot_attention_errors(args, error, message):
     with pytest.raises(error, match=re.escape(message)):
         fastattn.plot_attention(*args)

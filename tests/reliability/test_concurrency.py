@@ -51,29 +51,47 @@ def calls():
     seq = rng.standard_normal((2, 21, 32), dtype=np.float32)
     return {
         "sdpa": lambda n: fastattn.scaled_dot_product_attention(
-            q, k, v, mask, valid_lens=vl, return_lse=True, return_weights=True, num_threads=n),
+            q, k, v, mask, valid_lens=vl, return_lse=True, return_weights=True, num_threads=n
+        ),
         "sdpa-causal-window": lambda n: fastattn.scaled_dot_product_attention(
-            q, k, v, is_causal=True, causal_alignment="bottom_right", window=(9, 2),
-            num_threads=n),
+            q, k, v, is_causal=True, causal_alignment="bottom_right", window=(9, 2), num_threads=n
+        ),
         "sdpa-decode": lambda n: fastattn.scaled_dot_product_attention(
-            q[:, :, :1], np.repeat(k, 40, axis=2), np.repeat(v, 40, axis=2), num_threads=n),
+            q[:, :, :1], np.repeat(k, 40, axis=2), np.repeat(v, 40, axis=2), num_threads=n
+        ),
         "masked_softmax": lambda n: fastattn.masked_softmax(
-            x, rng_free_lens(x), mask=x > -1.5, axis=1, num_threads=n),
+            x, rng_free_lens(x), mask=x > -1.5, axis=1, num_threads=n
+        ),
         "additive_attention": lambda n: fastattn.additive_attention(
-            q, k, v, w_q, w_k, w_v, mask, valid_lens=vl, return_weights=True, num_threads=n),
+            q, k, v, w_q, w_k, w_v, mask, valid_lens=vl, return_weights=True, num_threads=n
+        ),
         "attention-general-topk": lambda n: fastattn.attention(
-            q, k, v, mask, score="general", weight=weight, normalize="topk", top_k=5,
-            return_weights=True, num_threads=n),
+            q,
+            k,
+            v,
+            mask,
+            score="general",
+            weight=weight,
+            normalize="topk",
+            top_k=5,
+            return_weights=True,
+            num_threads=n,
+        ),
         "attention-gaussian-hardmax": lambda n: fastattn.attention(
-            q, k, v, score="gaussian", bandwidth=3.0, normalize="hardmax", num_threads=n),
+            q, k, v, score="gaussian", bandwidth=3.0, normalize="hardmax", num_threads=n
+        ),
         "attention-cosine": lambda n: fastattn.attention(
-            q, k, v, score="cosine", temperature=0.2, is_causal=True, num_threads=n),
+            q, k, v, score="cosine", temperature=0.2, is_causal=True, num_threads=n
+        ),
         "nadaraya_watson-gaussian": lambda n: fastattn.nadaraya_watson(
-            xq, xk, y, return_weights=True, num_threads=n),
+            xq, xk, y, return_weights=True, num_threads=n
+        ),
         "nadaraya_watson-epanechnikov": lambda n: fastattn.nadaraya_watson(
-            xq, xk, y, kernel="epanechnikov", bandwidth="silverman", num_threads=n),
-        "MultiHeadAttention": lambda n: layer(seq, is_causal=True, need_weights=True,
-                                              num_threads=n),
+            xq, xk, y, kernel="epanechnikov", bandwidth="silverman", num_threads=n
+        ),
+        "MultiHeadAttention": lambda n: layer(
+            seq, is_causal=True, need_weights=True, num_threads=n
+        ),
     }
 
 
@@ -162,8 +180,9 @@ def test_process_pool_executor(serial, method):
     fns, by_count = serial
     # A forked worker runs single-threaded; a spawned one with the default thread count.
     expected = by_count[1 if method == "fork" else None]
-    fastattn.scaled_dot_product_attention(*[np.ones((1, 64, 8), np.float32)] * 3,
-                                          num_threads=4)  # the parent's OpenMP pool is up
+    fastattn.scaled_dot_product_attention(
+        *[np.ones((1, 64, 8), np.float32)] * 3, num_threads=4
+    )  # the parent's OpenMP pool is up
     ctx = multiprocessing.get_context(method)
     names = sorted(fns)
     with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
@@ -241,11 +260,11 @@ def test_fork_child_computes_single_threaded():
     """A process forked after the parent ran OpenMP teams (and while a parent thread is
     inside a kernel) computes every function, single-threaded, with identical results."""
     script = FORK_SCRIPT.format(tests=str(TESTS))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600, cwd=TESTS_DIR)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=TESTS_DIR
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for line in ("os.fork ok", "os.fork during a kernel #2 ok", "multiprocessing fork ok",
-                 "done"):
+    for line in ("os.fork ok", "os.fork during a kernel #2 ok", "multiprocessing fork ok", "done"):
         assert line in proc.stdout, proc.stdout + proc.stderr
 
 

@@ -48,8 +48,12 @@ def _score_params(e: int) -> dict:
     w_k = rng.standard_normal((e, HIDDEN))
     w_v = rng.standard_normal(HIDDEN)
     # The Frobenius norm bounds the spectral norm: every matrix has norm <= 1.
-    return {"weight": w / np.linalg.norm(w), "w_q": w_q / np.linalg.norm(w_q),
-            "w_k": w_k / np.linalg.norm(w_k), "w_v": w_v / np.abs(w_v).sum()}
+    return {
+        "weight": w / np.linalg.norm(w),
+        "w_q": w_q / np.linalg.norm(w_q),
+        "w_k": w_k / np.linalg.norm(w_k),
+        "w_v": w_v / np.abs(w_v).sum(),
+    }
 
 
 def score_params(e: int, dtype) -> dict:
@@ -89,8 +93,10 @@ def _attention(score, normalize, **fixed):
             extra["weight"] = params["weight"]
         if score == "additive":
             extra.update(w_q=params["w_q"], w_k=params["w_k"], w_v=params["w_v"])
-        return mod.attention(q, k, v, mask, score=score, normalize=normalize,
-                             valid_lens=valid_lens, **extra, **kw)
+        return mod.attention(
+            q, k, v, mask, score=score, normalize=normalize, valid_lens=valid_lens, **extra, **kw
+        )
+
     return call
 
 
@@ -100,8 +106,9 @@ def _sdpa(mod, q, k, v, mask=None, valid_lens=None, **kw):
 
 def _additive(mod, q, k, v, mask=None, valid_lens=None, **kw):
     p = score_params(np.shape(q)[-1] if np.ndim(q) else 1, np.result_type(q))
-    return mod.additive_attention(q, k, v, p["w_q"], p["w_k"], p["w_v"], mask,
-                                  valid_lens=valid_lens, **kw)
+    return mod.additive_attention(
+        q, k, v, p["w_q"], p["w_k"], p["w_v"], mask, valid_lens=valid_lens, **kw
+    )
 
 
 def _softmax(mod, q, k, v, mask=None, valid_lens=None, out=None, **kw):
@@ -114,6 +121,7 @@ def _softmax(mod, q, k, v, mask=None, valid_lens=None, out=None, **kw):
 def _regression(kernel):
     def call(mod, q, k, v, mask=None, valid_lens=None, **kw):
         return mod.nadaraya_watson(q, k, v, kernel=kernel, bandwidth=2.5, **kw)
+
     return call
 
 
@@ -122,15 +130,29 @@ def _layer(mod, q, k, v, mask=None, valid_lens=None, out=None, **kw):
     if q.ndim != 4:
         return fastattn.MultiHeadAttention(4, 1)(q)  # the layer's own error
     e, ev = q.shape[-1], v.shape[-1]
-    layer = fastattn.MultiHeadAttention(e, 1, kdim=e, vdim=ev, bias=False,
-                                        dtype=np.result_type(q.dtype.newbyteorder("="),
-                                                             np.float32), seed=1)
+    layer = fastattn.MultiHeadAttention(
+        e,
+        1,
+        kdim=e,
+        vdim=ev,
+        bias=False,
+        dtype=np.result_type(q.dtype.newbyteorder("="), np.float32),
+        seed=1,
+    )
     if mod is fastattn:
         return layer(q[:, 0], k[:, 0], v[:, 0], attn_mask=mask, valid_lens=valid_lens, **kw)
     from layer.test_mha import layer_weights
+
     kw.pop("num_threads", None)
-    return reference.multi_head_attention(q[:, 0], k[:, 0], v[:, 0], attn_mask=mask,
-                                          valid_lens=valid_lens, **layer_weights(layer), **kw)
+    return reference.multi_head_attention(
+        q[:, 0],
+        k[:, 0],
+        v[:, 0],
+        attn_mask=mask,
+        valid_lens=valid_lens,
+        **layer_weights(layer),
+        **kw,
+    )
 
 
 OPS = [
@@ -143,22 +165,26 @@ OPS = [
     Op("additive_attention", _additive),
     Op("masked_softmax", _softmax),
     Op("nadaraya_watson-gaussian", _regression("gaussian"), masks=False, empty=math.nan),
-    Op("nadaraya_watson-epanechnikov", _regression("epanechnikov"), masks=False,
-       empty=math.nan),
+    Op("nadaraya_watson-epanechnikov", _regression("epanechnikov"), masks=False, empty=math.nan),
     Op("MultiHeadAttention", _layer, has_out=False),
 ]
 IDS = [op.name for op in OPS]
 ALL = pytest.mark.parametrize("op", OPS, ids=IDS)
-WITH_MASKS = pytest.mark.parametrize("op", [op for op in OPS if op.masks],
-                                     ids=[op.name for op in OPS if op.masks])
-WITH_OUT = pytest.mark.parametrize("op", [op for op in OPS if op.has_out],
-                                   ids=[op.name for op in OPS if op.has_out])
+WITH_MASKS = pytest.mark.parametrize(
+    "op", [op for op in OPS if op.masks], ids=[op.name for op in OPS if op.masks]
+)
+WITH_OUT = pytest.mark.parametrize(
+    "op", [op for op in OPS if op.has_out], ids=[op.name for op in OPS if op.has_out]
+)
 
 
 def inputs(b=2, h=1, lq=5, lk=7, e=4, ev=3, dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
-    return (unit_rows(rng, (b, h, lq, e), dtype), unit_rows(rng, (b, h, lk, e), dtype),
-            rng.standard_normal((b, h, lk, ev)).astype(dtype))
+    return (
+        unit_rows(rng, (b, h, lq, e), dtype),
+        unit_rows(rng, (b, h, lk, e), dtype),
+        rng.standard_normal((b, h, lk, ev)).astype(dtype),
+    )
 
 
 def tolerance(q, k, v, op: Op):
@@ -182,15 +208,20 @@ def compare(op: Op, got, expected, q, k, v, **kwargs):
     """``got`` equals the reference within :func:`tolerance` (the layer: its own bound)."""
     if op.name == "MultiHeadAttention":
         from layer.test_mha import mha_tolerances
+
         # The bound from the finite entries (non-finite ones give non-finite outputs,
         # compared by position).
-        q, k, v = (np.where(np.isfinite(a), a, 0).astype(np.asarray(a).dtype)
-                   for a in (q, k, v))
-        layer = fastattn.MultiHeadAttention(q.shape[-1], 1, kdim=q.shape[-1],
-                                            vdim=v.shape[-1], bias=False,
-                                            dtype=np.result_type(q.dtype, np.float32), seed=1)
-        tol, _ = mha_tolerances(layer, q[:, 0], k[:, 0], v[:, 0],
-                                attn_mask=kwargs.get("mask"))
+        q, k, v = (np.where(np.isfinite(a), a, 0).astype(np.asarray(a).dtype) for a in (q, k, v))
+        layer = fastattn.MultiHeadAttention(
+            q.shape[-1],
+            1,
+            kdim=q.shape[-1],
+            vdim=v.shape[-1],
+            bias=False,
+            dtype=np.result_type(q.dtype, np.float32),
+            seed=1,
+        )
+        tol, _ = mha_tolerances(layer, q[:, 0], k[:, 0], v[:, 0], attn_mask=kwargs.get("mask"))
     else:
         tol = tolerance(q, k, v, op)
     assert_close(op.name, got, expected, tol)
@@ -228,8 +259,9 @@ def test_no_keys(op):
 
 
 @ALL
-@pytest.mark.parametrize("e, dtype", [(1, np.float32), (1, np.float64), (512, np.float64),
-                                      (1024, np.float32)])
+@pytest.mark.parametrize(
+    "e, dtype", [(1, np.float32), (1, np.float64), (512, np.float64), (1024, np.float32)]
+)
 def test_head_dims(op, e, dtype):
     q, k, v = inputs(lq=9, lk=40, e=e, ev=5, dtype=dtype, seed=e)
     run(op, q, k, v)
@@ -338,9 +370,14 @@ def test_infinite_values_attended(op):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_masked_softmax_logits_at_the_float_limits(dtype):
     big = float(np.finfo(dtype).max)
-    x = np.array([[big, big / 2, -big, -big / 2, 0.0],
-                  [-big, -big, -big, -big, -big],
-                  [big, big, 0.0, -big, -np.inf]], dtype)
+    x = np.array(
+        [
+            [big, big / 2, -big, -big / 2, 0.0],
+            [-big, -big, -big, -big, -big],
+            [big, big, 0.0, -big, -np.inf],
+        ],
+        dtype,
+    )
     for isa in fastattn._core.available_isas():
         with active_isa(isa):
             got = fastattn.masked_softmax(x)
@@ -351,8 +388,7 @@ def test_masked_softmax_logits_at_the_float_limits(dtype):
 
 
 # Functions whose softmax runs in the SDPA kernel (csrc/kernels/sdpa-inl.h).
-SDPA_KERNEL = ("sdpa", "attention-dot-softmax", "attention-gaussian-softmax",
-               "MultiHeadAttention")
+SDPA_KERNEL = ("sdpa", "attention-dot-softmax", "attention-gaussian-softmax", "MultiHeadAttention")
 FLOAT_MASK_OPS = [op for op in OPS if op.masks and op.name != "masked_softmax"]
 
 
@@ -450,11 +486,11 @@ def test_out_with_overlapping_elements_is_refused(op):
     q, k, v = inputs()
     shape = np.shape(op.fast(q, k, v))
     base = np.zeros(int(np.prod(shape[1:])), np.float32)
-    out = np.lib.stride_tricks.as_strided(base, shape, (0,) + tuple(
-        np.zeros(shape[1:], np.float32).strides))
+    out = np.lib.stride_tricks.as_strided(
+        base, shape, (0,) + tuple(np.zeros(shape[1:], np.float32).strides)
+    )
     with pytest.raises(ValueError, match="out has overlapping elements"):
         op.fast(q, k, v, out=out)
-
 
 
 # --------------------------------------------------------------------------------------
@@ -512,14 +548,16 @@ def test_family_weights_of_large_scores_sum_to_one(isa, dtype):
     k = np.ones((3, 1), dtype)
     v = np.eye(3, dtype=dtype)
     one = np.ones((1, 1), dtype)
-    out, w = fastattn.additive_attention(q, k, v, one, one, np.array([big], dtype),
-                                         return_weights=True)
+    out, w = fastattn.additive_attention(
+        q, k, v, one, one, np.array([big], dtype), return_weights=True
+    )
     np.testing.assert_allclose(w, np.full((1, 3), 1 / 3), rtol=4 * np.finfo(dtype).eps)
     np.testing.assert_allclose(out, w, rtol=4 * np.finfo(dtype).eps)
     xk = np.array([0.0, 1.0, -1.0], dtype)  # distances 1e4 / h apart: u^2 / 2 ~ 1e8 (f32)
     h = 1e-4 if dtype == np.float32 else 1e-100
-    y, w = fastattn.nadaraya_watson(np.array([0.5], dtype), xk, np.arange(3, dtype=dtype),
-                                    bandwidth=h, return_weights=True)
+    y, w = fastattn.nadaraya_watson(
+        np.array([0.5], dtype), xk, np.arange(3, dtype=dtype), bandwidth=h, return_weights=True
+    )
     np.testing.assert_array_equal(w, [[0.5, 0.5, 0.0]])
     np.testing.assert_array_equal(y, [0.5])
 
@@ -531,8 +569,9 @@ def test_scratch_that_cannot_be_had_raises_memory_error():
     q = np.ones((2**23, 1, 1), np.float32)
     one = np.ones((1, 1, 1), np.float32)
     w = np.ones((1, 2**22), np.float32)
-    with pytest.raises(MemoryError, match="could not allocate the scratch memory of the "
-                                          "additive kernel"):
+    with pytest.raises(
+        MemoryError, match="could not allocate the scratch memory of the additive kernel"
+    ):
         fastattn.additive_attention(q, one, one, w, w, np.ones(2**22, np.float32))
     q, k, v = inputs()
     run(OPS[6], q, k, v)  # additive_attention

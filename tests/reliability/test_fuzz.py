@@ -76,8 +76,9 @@ from helpers.reliability_checks import (
 )
 
 EXAMPLES = int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", "25"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 ISAS = fastattn._core.available_isas()
 SEEDS = st.integers(0, 2**32 - 1)
 SPECIALS = (np.nan, np.inf, -np.inf)
@@ -147,18 +148,23 @@ def run_both(case, build, fast, ref):
 
 def array_spec(draw, bad: bool = False):
     wrong = bad and draw(st.integers(0, 5)) == 0
-    return {"dtype": draw(st.sampled_from(BAD_FLOATS if wrong else FLOATS)),
-            "layout": draw(st.sampled_from(LAYOUTS)),
-            "mag": draw(maybe(1.0, 1.0, 1.0, 0.01, 30.0))}
+    return {
+        "dtype": draw(st.sampled_from(BAD_FLOATS if wrong else FLOATS)),
+        "layout": draw(st.sampled_from(LAYOUTS)),
+        "mag": draw(maybe(1.0, 1.0, 1.0, 0.01, 30.0)),
+    }
 
 
 def operand_spec(draw, nbatch: int, bad: bool):
     """Which leading dims an operand keeps (from the right), which of them are 1, and
     whether it keeps its head axis (only when it has one head)."""
     keep = draw(st.integers(0, nbatch))
-    return {**array_spec(draw, bad), "keep": keep,
-            "ones": [draw(maybe(False, False, False, True)) for _ in range(keep)],
-            "drop_head": draw(maybe(False, False, False, True))}
+    return {
+        **array_spec(draw, bad),
+        "keep": keep,
+        "ones": [draw(maybe(False, False, False, True)) for _ in range(keep)],
+        "drop_head": draw(maybe(False, False, False, True)),
+    }
 
 
 @st.composite
@@ -184,42 +190,67 @@ def layouts(draw, bad: bool, qk_dims="same"):
         lq, lk = draw(st.integers(1, 2)), draw(st.integers(2048, 4200))
         e, ev = 64, draw(maybe(1, 8))
     e_k = e if qk_dims == "same" else draw(maybe(e, 1, 3, 6))
-    return {"size": size, "batch": batch, "hkv": hkv, "group": group, "lq": lq, "lk": lk,
-            "e": e, "e_k": e_k, "ev": ev,
-            "q": operand_spec(draw, nbatch, bad), "k": operand_spec(draw, nbatch, bad),
-            "v": operand_spec(draw, nbatch, bad),
-            "corrupt": pick(draw, bad, (None,) * 6, ("e", "lv", "hv", "heads", "batch",
-                                                     "rank1", "rank0", "e0"))}
+    return {
+        "size": size,
+        "batch": batch,
+        "hkv": hkv,
+        "group": group,
+        "lq": lq,
+        "lk": lk,
+        "e": e,
+        "e_k": e_k,
+        "ev": ev,
+        "q": operand_spec(draw, nbatch, bad),
+        "k": operand_spec(draw, nbatch, bad),
+        "v": operand_spec(draw, nbatch, bad),
+        "corrupt": pick(
+            draw, bad, (None,) * 6, ("e", "lv", "hv", "heads", "batch", "rank1", "rank0", "e0")
+        ),
+    }
 
 
 def mask_spec(draw, bad: bool):
-    kind = pick(draw, bad, (None, None, None, None, "bool", "bool", "float", "float",
-                            "scalar"), ("int", "badshape"))
+    kind = pick(
+        draw,
+        bad,
+        (None, None, None, None, "bool", "bool", "float", "float", "scalar"),
+        ("int", "badshape"),
+    )
     if kind is None:
         return None
-    return {"kind": kind, "keep": draw(st.integers(0, 5)),
-            "ones": [draw(maybe(False, False, True)) for _ in range(5)],
-            "p": draw(maybe(0.0, 0.5, 0.8, 1.0)), "layout": draw(st.sampled_from(LAYOUTS)),
-            "dtype": draw(st.sampled_from(FLOATS)), "neginf": draw(maybe(0.0, 0.2, 1.0))}
+    return {
+        "kind": kind,
+        "keep": draw(st.integers(0, 5)),
+        "ones": [draw(maybe(False, False, True)) for _ in range(5)],
+        "p": draw(maybe(0.0, 0.5, 0.8, 1.0)),
+        "layout": draw(st.sampled_from(LAYOUTS)),
+        "dtype": draw(st.sampled_from(FLOATS)),
+        "neginf": draw(maybe(0.0, 0.2, 1.0)),
+    }
 
 
 def valid_lens_spec(draw, bad: bool):
-    kind = pick(draw, bad, (None, None, None, "ok", "ok", "ok", "list"),
-                ("out", "float", "badshape"))
+    kind = pick(
+        draw, bad, (None, None, None, "ok", "ok", "ok", "list"), ("out", "float", "badshape")
+    )
     if kind is None:
         return None
-    return {"kind": kind, "prefix": draw(st.integers(0, 5)),
-            "ones": [draw(maybe(False, False, True)) for _ in range(5)],
-            "dtype": draw(maybe("i8", "i8", "i4", "u1", "i1", ">i8")),
-            "layout": draw(st.sampled_from(LAYOUTS))}
+    return {
+        "kind": kind,
+        "prefix": draw(st.integers(0, 5)),
+        "ones": [draw(maybe(False, False, True)) for _ in range(5)],
+        "dtype": draw(maybe("i8", "i8", "i4", "u1", "i1", ">i8")),
+        "layout": draw(st.sampled_from(LAYOUTS)),
+    }
 
 
 WINDOW_SIDES = (None, None, 0, 1, 2, 3, 5, 10**12)
 
 
 def window_value(draw, bad: bool):
-    kind = pick(draw, bad, ("none", "none", "ok", "ok", "ok", "list"),
-                ("negative", "float", "short"))
+    kind = pick(
+        draw, bad, ("none", "none", "ok", "ok", "ok", "list"), ("negative", "float", "short")
+    )
     if kind == "none":
         return None
     if kind == "negative":
@@ -235,18 +266,22 @@ def window_value(draw, bad: bool):
 
 
 def common_flags(draw, bad: bool) -> dict:
-    return {"is_causal": pick(draw, bad, (False, False, True, True, np.True_), (1,)),
-            "causal_alignment": pick(draw, bad, ("top_left", "top_left", "bottom_right"),
-                                     ("center",)),
-            "window": window_value(draw, bad),
-            "num_threads": pick(draw, bad, (None, None, 1, 2, 3, 8, np.int64(2)),
-                                (0, -1, 2.5, True)),
-            "return_weights": pick(draw, bad, (False, False, True), ("yes",))}
+    return {
+        "is_causal": pick(draw, bad, (False, False, True, True, np.True_), (1,)),
+        "causal_alignment": pick(draw, bad, ("top_left", "top_left", "bottom_right"), ("center",)),
+        "window": window_value(draw, bad),
+        "num_threads": pick(draw, bad, (None, None, 1, 2, 3, 8, np.int64(2)), (0, -1, 2.5, True)),
+        "return_weights": pick(draw, bad, (False, False, True), ("yes",)),
+    }
 
 
 def out_mode(draw, bad: bool):
-    return pick(draw, bad, (*((None,) * 6), "exact", "strided", "fortran", "disjoint"),
-                ("wrong-shape", "wrong-dtype", "readonly", "alias", "list"))
+    return pick(
+        draw,
+        bad,
+        (*((None,) * 6), "exact", "strided", "fortran", "disjoint"),
+        ("wrong-shape", "wrong-dtype", "readonly", "alias", "list"),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -255,7 +290,7 @@ def out_mode(draw, bad: bool):
 
 def operand_shape(c, name: str) -> tuple:
     spec = c[name]
-    batch = c["batch"][len(c["batch"]) - spec["keep"]:] if spec["keep"] else []
+    batch = c["batch"][len(c["batch"]) - spec["keep"] :] if spec["keep"] else []
     batch = [1 if one else n for n, one in zip(batch, spec["ones"])]
     heads = {"q": c["hkv"] * c["group"], "k": c["hkv"], "v": c["hkv"]}[name]
     length = c["lq"] if name == "q" else c["lk"]
@@ -306,7 +341,7 @@ def scores_shape(c, q_shape) -> tuple:
     hq = c["hkv"] * c["group"]
     full = batch + (hq, c["lq"], c["lk"])
     ndim = max(len(q_shape), 2)
-    return full[len(full) - ndim:]
+    return full[len(full) - ndim :]
 
 
 def make_mask(rng, c, spec, scores):
@@ -315,7 +350,7 @@ def make_mask(rng, c, spec, scores):
     if spec["kind"] == "scalar":
         return np.bool_(rng.random() < 0.8)
     keep = min(spec["keep"], len(scores))
-    shape = list(scores[len(scores) - keep:])
+    shape = list(scores[len(scores) - keep :])
     shape = [1 if one else n for n, one in zip(shape, spec["ones"])]
     if spec["kind"] == "badshape":
         shape = shape + [2] if shape else [3, 2]
@@ -395,9 +430,9 @@ def share_memory(mode, target: np.ndarray, shape, dt):
         o_start = min(target.nbytes // 2 // 8 * 8, max(target.nbytes - 8, 0))
     else:
         t_start, o_start = 0, (target.nbytes + 63) // 64 * 64
-    new = raw[t_start:t_start + target.nbytes].view(target.dtype).reshape(target.shape)
+    new = raw[t_start : t_start + target.nbytes].view(target.dtype).reshape(target.shape)
     new[...] = target
-    out = raw[o_start:o_start + out_bytes].view(dt).reshape(shape)
+    out = raw[o_start : o_start + out_bytes].view(dt).reshape(shape)
     return new, out
 
 
@@ -458,15 +493,24 @@ def attention_operands(rng, c, specials, v_special_ok):
 def sdpa_cases(draw):
     bad = draw(BAD_CASE)
     c = draw(layouts(bad))
-    c.update(seed=draw(SEEDS), isa=draw(st.sampled_from(ISAS)), mask=mask_spec(draw, bad),
-             valid_lens=valid_lens_spec(draw, bad), flags=common_flags(draw, bad),
-             scale=pick(draw, bad, (None, None, None, 0.5, 1.7, -1.0, 0.0, np.float32(0.25),
-                                    2), (np.nan, np.inf, 1e300, "s", True)),
-             softcap=pick(draw, bad, (*((None,) * 6), 0.7, 5.0, 30.0, 1e300),
-                          (0.0, -1.0, np.nan)),
-             return_lse=draw(maybe(False, False, True)), out=out_mode(draw, bad),
-             specials=draw(maybe(None, None, None, "padding", "anywhere")),
-             _target=draw(maybe("q", "k", "v", "v")))
+    c.update(
+        seed=draw(SEEDS),
+        isa=draw(st.sampled_from(ISAS)),
+        mask=mask_spec(draw, bad),
+        valid_lens=valid_lens_spec(draw, bad),
+        flags=common_flags(draw, bad),
+        scale=pick(
+            draw,
+            bad,
+            (None, None, None, 0.5, 1.7, -1.0, 0.0, np.float32(0.25), 2),
+            (np.nan, np.inf, 1e300, "s", True),
+        ),
+        softcap=pick(draw, bad, (*((None,) * 6), 0.7, 5.0, 30.0, 1e300), (0.0, -1.0, np.nan)),
+        return_lse=draw(maybe(False, False, True)),
+        out=out_mode(draw, bad),
+        specials=draw(maybe(None, None, None, "padding", "anywhere")),
+        _target=draw(maybe("q", "k", "v", "v")),
+    )
     return c
 
 
@@ -482,8 +526,7 @@ def build_sdpa(c):
         factor = 1 / math.sqrt(e) if scale is None or isinstance(scale, str) else float(scale)
         cap = softcap if isinstance(softcap, float) and 0 < softcap < 1e30 else None
         with np.errstate(all="ignore"):
-            bound = score_bound(q, k, factor if math.isfinite(factor) else 1e300, mask_vals,
-                                cap)
+            bound = score_bound(q, k, factor if math.isfinite(factor) else 1e300, mask_vals, cap)
         return underflow_free(bound, *(dtype_of(*c[n]["dtype"]).type(0) for n in "qkv"))
 
     shapes, vals = attention_operands(rng, c, c["specials"], v_ok)
@@ -491,12 +534,21 @@ def build_sdpa(c):
     mask = make_mask(rng, c, c["mask"], scores_shape(c, shapes["q"]))
     rows = scores_shape(c, shapes["q"])[:-1]
     vl = make_valid_lens(rng, c, c["valid_lens"], rows, c["lk"], c["_limit"])
-    kwargs = dict(valid_lens=vl, scale=scale, softcap=softcap, return_lse=c["return_lse"],
-                  **flags)
+    kwargs = dict(valid_lens=vl, scale=scale, softcap=softcap, return_lse=c["return_lse"], **flags)
     info = None
     try:
-        a = sdpa_args(q, k, v, mask, vl, flags["is_causal"], flags["causal_alignment"],
-                      flags["window"], scale, softcap)
+        a = sdpa_args(
+            q,
+            k,
+            v,
+            mask,
+            vl,
+            flags["is_causal"],
+            flags["causal_alignment"],
+            flags["window"],
+            scale,
+            softcap,
+        )
         info = (a.out_shape, a.result_dtype)
     except (TypeError, ValueError):
         pass
@@ -513,8 +565,9 @@ def build_sdpa(c):
 @FUZZ
 @given(sdpa_cases())
 def test_fuzz_scaled_dot_product_attention(c):
-    result = run_both(c, build_sdpa, fastattn.scaled_dot_product_attention,
-                      reference.scaled_dot_product_attention)
+    result = run_both(
+        c, build_sdpa, fastattn.scaled_dot_product_attention, reference.scaled_dot_product_attention
+    )
     if result is None:
         return
     got, expected, (q, k, v, mask), kw = result
@@ -523,8 +576,16 @@ def test_fuzz_scaled_dot_product_attention(c):
     _, compute = result_dtypes(*(np.asarray(a) for a in (q, k, v)))
     if softcap is not None and softcap > float(np.finfo(compute).max):
         softcap = None  # so large that validation drops it
-    assert_close_attention(unpack(got, *flags), unpack(expected, *flags), q, k, v,
-                           attn_mask=mask, scale=kw["scale"], softcap=softcap)
+    assert_close_attention(
+        unpack(got, *flags),
+        unpack(expected, *flags),
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        scale=kw["scale"],
+        softcap=softcap,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -540,16 +601,20 @@ def softmax_cases(draw):
     axis = draw(st.integers(-ndim - bad, ndim - 1 + bad)) if ndim else draw(maybe(0, -1))
     if long and ndim:
         shape[axis % ndim if -ndim <= axis < ndim else -1] = draw(st.integers(100, 3000))
-    return {"seed": draw(SEEDS), "isa": draw(st.sampled_from(ISAS)), "shape": shape,
-            "axis": pick(draw, bad, (axis, axis, axis, np.int64(axis)), (1.0, None)),
-            "x": array_spec(draw, bad),
-            "huge": draw(maybe(False, False, False, True)),
-            "specials": draw(maybe(None, None, "anywhere")),
-            "valid_lens": valid_lens_spec(draw, bad),
-            "mask": pick(draw, bad, (None, None, "bool"), ("float",)),
-            "mask_spec": mask_spec(draw, False),
-            "num_threads": pick(draw, bad, (None, 1, 2, 3), (0, 1.5)),
-            "out": out_mode(draw, bad)}
+    return {
+        "seed": draw(SEEDS),
+        "isa": draw(st.sampled_from(ISAS)),
+        "shape": shape,
+        "axis": pick(draw, bad, (axis, axis, axis, np.int64(axis)), (1.0, None)),
+        "x": array_spec(draw, bad),
+        "huge": draw(maybe(False, False, False, True)),
+        "specials": draw(maybe(None, None, "anywhere")),
+        "valid_lens": valid_lens_spec(draw, bad),
+        "mask": pick(draw, bad, (None, None, "bool"), ("float",)),
+        "mask_spec": mask_spec(draw, False),
+        "num_threads": pick(draw, bad, (None, 1, 2, 3), (0, 1.5)),
+        "out": out_mode(draw, bad),
+    }
 
 
 def build_softmax(c):
@@ -568,12 +633,15 @@ def build_softmax(c):
     if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) and shape:
         if -len(shape) <= axis < len(shape):
             ax = int(axis) % len(shape)
-    rows = shape[:ax] + shape[ax + 1:] if ax is not None else shape[:-1]
+    rows = shape[:ax] + shape[ax + 1 :] if ax is not None else shape[:-1]
     length = shape[ax] if ax is not None else (shape[-1] if shape else 0)
     kwargs["valid_lens"] = make_valid_lens(rng, c, c["valid_lens"], rows, length)
     spec = c["mask_spec"] or {"keep": 9, "ones": [], "p": 0.7, "layout": "c"}
-    mask = None if c["mask"] is None else {**spec, "kind": c["mask"], "neginf": 0.0,
-                                           "dtype": ("f4", False)}
+    mask = (
+        None
+        if c["mask"] is None
+        else {**spec, "kind": c["mask"], "neginf": 0.0, "dtype": ("f4", False)}
+    )
     kwargs["mask"] = make_mask(rng, c, mask, shape)  # a float mask: TypeError
     info = None
     if dt.kind == "f" and len(shape) >= 1:
@@ -616,30 +684,38 @@ def test_fuzz_masked_softmax(c):
 
 def additive_weights_values(rng, c, e_q, e_k):
     hidden = c["hidden"]
-    w = {"w_q": rng.standard_normal((e_q, hidden)) / math.sqrt(max(e_q, 1)),
-         "w_k": rng.standard_normal((e_k, hidden)) / math.sqrt(max(e_k, 1)),
-         "w_v": rng.standard_normal((hidden,))}
+    w = {
+        "w_q": rng.standard_normal((e_q, hidden)) / math.sqrt(max(e_q, 1)),
+        "w_k": rng.standard_normal((e_k, hidden)) / math.sqrt(max(e_k, 1)),
+        "w_v": rng.standard_normal((hidden,)),
+    }
     if c["corrupt_w"] == "shape":
         w["w_q"] = rng.standard_normal((e_q + 1, hidden))
     elif c["corrupt_w"] == "rank":
         w["w_v"] = rng.standard_normal((hidden, 1))
     elif c["corrupt_w"] == "missing":
         w["w_v"] = None
-    return {n: None if a is None else realize(a, dtype_of(*c["w_dtype"][n]),
-                                               c["w_layout"][n], rng)
-            for n, a in w.items()}
+    return {
+        n: None if a is None else realize(a, dtype_of(*c["w_dtype"][n]), c["w_layout"][n], rng)
+        for n, a in w.items()
+    }
 
 
 def family_common(draw, c, bad):
-    c.update(seed=draw(SEEDS), isa=draw(st.sampled_from(ISAS)), mask=mask_spec(draw, bad),
-             valid_lens=valid_lens_spec(draw, bad), flags=common_flags(draw, bad),
-             out=out_mode(draw, bad),
-             specials=draw(maybe(None, None, None, "padding", "anywhere")),
-             _target=draw(maybe("q", "k", "v", "v")),
-             hidden=draw(maybe(1, 2, 5, 8, 16)),
-             corrupt_w=pick(draw, bad, (None,) * 6, ("shape", "rank", "missing")),
-             w_dtype={n: draw(st.sampled_from(FLOATS)) for n in ("w_q", "w_k", "w_v")},
-             w_layout={n: draw(st.sampled_from(LAYOUTS)) for n in ("w_q", "w_k", "w_v")})
+    c.update(
+        seed=draw(SEEDS),
+        isa=draw(st.sampled_from(ISAS)),
+        mask=mask_spec(draw, bad),
+        valid_lens=valid_lens_spec(draw, bad),
+        flags=common_flags(draw, bad),
+        out=out_mode(draw, bad),
+        specials=draw(maybe(None, None, None, "padding", "anywhere")),
+        _target=draw(maybe("q", "k", "v", "v")),
+        hidden=draw(maybe(1, 2, 5, 8, 16)),
+        corrupt_w=pick(draw, bad, (None,) * 6, ("shape", "rank", "missing")),
+        w_dtype={n: draw(st.sampled_from(FLOATS)) for n in ("w_q", "w_k", "w_v")},
+        w_layout={n: draw(st.sampled_from(LAYOUTS)) for n in ("w_q", "w_k", "w_v")},
+    )
     return c
 
 
@@ -666,8 +742,9 @@ def build_family(c, score="additive", extra=None):
     q_shape, k_shape = operand_shape(c, "q"), operand_shape(c, "k")
     ws = None
     if score == "additive":
-        ws = additive_weights_values(rng, c, q_shape[-1] if q_shape else 1,
-                                     k_shape[-1] if k_shape else 1)
+        ws = additive_weights_values(
+            rng, c, q_shape[-1] if q_shape else 1, k_shape[-1] if k_shape else 1
+        )
     mask_holder = {}
 
     def v_ok(q, k):
@@ -689,13 +766,32 @@ def build_family(c, score="additive", extra=None):
     info = None
     try:
         if score == "additive":
-            a, _ = additive_args(q, k, v, ws["w_q"], ws["w_k"], ws["w_v"], mask, vl,
-                                 flags["is_causal"], flags["causal_alignment"], flags["window"])
+            a, _ = additive_args(
+                q,
+                k,
+                v,
+                ws["w_q"],
+                ws["w_k"],
+                ws["w_v"],
+                mask,
+                vl,
+                flags["is_causal"],
+                flags["causal_alignment"],
+                flags["window"],
+            )
         else:
-            a = attention_spec(q, k, v, mask, score=score, valid_lens=vl,
-                               is_causal=flags["is_causal"],
-                               causal_alignment=flags["causal_alignment"],
-                               window=flags["window"], **attention_params(extra)).args
+            a = attention_spec(
+                q,
+                k,
+                v,
+                mask,
+                score=score,
+                valid_lens=vl,
+                is_causal=flags["is_causal"],
+                causal_alignment=flags["causal_alignment"],
+                window=flags["window"],
+                **attention_params(extra),
+            ).args
         info = (a.out_shape, a.result_dtype)
     except (TypeError, ValueError):
         pass
@@ -713,8 +809,17 @@ def build_family(c, score="additive", extra=None):
     return [q, k, v, mask], kwargs
 
 
-ATTENTION_PARAMS = ("normalize", "scale", "weight", "temperature", "bandwidth", "w_q", "w_k",
-                    "w_v", "top_k")
+ATTENTION_PARAMS = (
+    "normalize",
+    "scale",
+    "weight",
+    "temperature",
+    "bandwidth",
+    "w_q",
+    "w_k",
+    "w_v",
+    "top_k",
+)
 
 
 def attention_params(extra) -> dict:
@@ -742,13 +847,22 @@ def family_tolerances(score_err, num_keys, v, eps, f16):
 def additive_score_error(q, k, ws, mask, eps):
     """The projections carry (D + 2) eps (|x| @ |w|) each, tanh is 1-Lipschitz and good to
     a few ulp, the hidden sum adds ``hidden`` roundings; all weighted by |w_v|."""
+
     def proj(x, w):
         x = np.abs(finite_values(x))
         return float((x @ np.abs(finite_values(w))).max(initial=0.0)) if x.size else 0.0
 
     w_v = np.abs(finite_values(ws["w_v"]))
-    err = eps * float(w_v.sum()) * (16 + w_v.size + (q.shape[-1] + 2) * proj(q, ws["w_q"])
-                                    + (k.shape[-1] + 2) * proj(k, ws["w_k"]))
+    err = (
+        eps
+        * float(w_v.sum())
+        * (
+            16
+            + w_v.size
+            + (q.shape[-1] + 2) * proj(q, ws["w_q"])
+            + (k.shape[-1] + 2) * proj(k, ws["w_k"])
+        )
+    )
     if mask is not None and np.asarray(mask).dtype.kind == "f":
         err += eps * 4 * finite_max(mask)
     return err
@@ -779,9 +893,11 @@ SCORES = ("dot", "scaled_dot", "general", "cosine", "gaussian", "additive")
 def attention_cases(draw):
     bad = draw(BAD_CASE)
     score = draw(st.sampled_from(SCORES))
-    c = family_common(draw, draw(layouts(bad, qk_dims="free" if score in ("general",
-                                                                          "additive")
-                                         else "same")), bad)
+    c = family_common(
+        draw,
+        draw(layouts(bad, qk_dims="free" if score in ("general", "additive") else "same")),
+        bad,
+    )
     normalize = pick(draw, bad, ("softmax", "softmax", "hardmax", "topk", "topk"), ("max",))
     extra = {"normalize": normalize}
     if normalize == "topk":
@@ -812,8 +928,12 @@ def resolve_extra(c):
         w = rng.standard_normal((e_q, e_k)) / math.sqrt(max(e_q, 1))
         extra["weight"] = realize(w, dtype_of(*c["w_dtype"]["w_q"]), c["w_layout"]["w_q"], rng)
     if c["score"] == "additive":
-        ws = additive_weights_values(rng, c, operand_shape(c, "q")[-1] if operand_shape(
-            c, "q") else 1, operand_shape(c, "k")[-1] if operand_shape(c, "k") else 1)
+        ws = additive_weights_values(
+            rng,
+            c,
+            operand_shape(c, "q")[-1] if operand_shape(c, "q") else 1,
+            operand_shape(c, "k")[-1] if operand_shape(c, "k") else 1,
+        )
         extra.update(ws)
     return extra
 
@@ -831,8 +951,9 @@ def _family_score_bound(q, k, score, extra, mask):
         if score in ("dot", "scaled_dot"):
             e = q.shape[-1] if q.ndim else 1
             s = extra.get("scale")
-            factor = 1.0 if score == "dot" else (1 / math.sqrt(max(e, 1)) if s is None
-                                                 else float(s))
+            factor = (
+                1.0 if score == "dot" else (1 / math.sqrt(max(e, 1)) if s is None else float(s))
+            )
             bound = score_bound(q, k, factor if math.isfinite(factor) else 1e300)
         elif score == "general":
             w = extra.get("weight")
@@ -917,8 +1038,9 @@ def test_fuzz_attention(c):
 
     def ref(*args, **kwargs):
         holder = {}
-        seen.extend(captured_scores(lambda: holder.setdefault(
-            "r", reference.attention(*args, **kwargs))))
+        seen.extend(
+            captured_scores(lambda: holder.setdefault("r", reference.attention(*args, **kwargs)))
+        )
         return holder["r"]
 
     result = run_both(c, build_attention, fastattn.attention, ref)
@@ -937,8 +1059,7 @@ def test_fuzz_attention(c):
         top_k = 1 if normalize == "hardmax" else int(kw["top_k"])
         skip = ambiguous_rows(scores, allowed, top_k, err)
         out_shape = np.shape(expected[0] if kw["return_weights"] is True else expected)
-        skip = skip.reshape(out_shape[:-1]) if skip.size == int(np.prod(out_shape[:-1])) \
-            else None
+        skip = skip.reshape(out_shape[:-1]) if skip.size == int(np.prod(out_shape[:-1])) else None
         if skip is not None and skip.any():
             event("hardmax/top-k rows within the score error: not compared")
     if normalize == "hardmax":
@@ -959,22 +1080,34 @@ def regression_cases(draw):
     bad = draw(BAD_CASE)
     scalar = draw(maybe(True, False, False))
     nbatch = 0 if scalar else draw(st.integers(0, 2))
-    return {"seed": draw(SEEDS), "isa": draw(st.sampled_from(ISAS)), "scalar": scalar,
-            "batch": [draw(maybe(1, 2, 3, 0)) for _ in range(nbatch)],
-            "ones": [[draw(maybe(False, False, True)) for _ in range(nbatch)] for _ in "qky"],
-            "lq": draw(maybe(0, 1, 2, 5, 9, 40)), "lk": draw(maybe(0, 1, 2, 5, 9, 70, 600)),
-            "d": draw(maybe(1, 2, 3, 5)), "scalar_y": draw(st.booleans()),
-            "dy": draw(maybe(1, 2, 4)),
-            "specs": {n: array_spec(draw, bad) for n in "qky"},
-            "kernel": pick(draw, bad, ("gaussian", "boxcar", "triangular", "epanechnikov"),
-                           ("cosine",)),
-            "bandwidth": pick(draw, bad, ("scalar", "scalar", "array", "silverman"),
-                              (0.0, -1.0, np.nan, "foo", "tiny", "bool")),
-            "specials": draw(maybe(None, None, "anywhere")),
-            "_target": draw(maybe("q", "k", "y")),
-            "corrupt": pick(draw, bad, (None,) * 4, ("d", "ly", "rank0")),
-            "num_threads": pick(draw, bad, (None, 1, 2, 3), (0,)),
-            "return_weights": draw(st.booleans()), "out": out_mode(draw, bad)}
+    return {
+        "seed": draw(SEEDS),
+        "isa": draw(st.sampled_from(ISAS)),
+        "scalar": scalar,
+        "batch": [draw(maybe(1, 2, 3, 0)) for _ in range(nbatch)],
+        "ones": [[draw(maybe(False, False, True)) for _ in range(nbatch)] for _ in "qky"],
+        "lq": draw(maybe(0, 1, 2, 5, 9, 40)),
+        "lk": draw(maybe(0, 1, 2, 5, 9, 70, 600)),
+        "d": draw(maybe(1, 2, 3, 5)),
+        "scalar_y": draw(st.booleans()),
+        "dy": draw(maybe(1, 2, 4)),
+        "specs": {n: array_spec(draw, bad) for n in "qky"},
+        "kernel": pick(
+            draw, bad, ("gaussian", "boxcar", "triangular", "epanechnikov"), ("cosine",)
+        ),
+        "bandwidth": pick(
+            draw,
+            bad,
+            ("scalar", "scalar", "array", "silverman"),
+            (0.0, -1.0, np.nan, "foo", "tiny", "bool"),
+        ),
+        "specials": draw(maybe(None, None, "anywhere")),
+        "_target": draw(maybe("q", "k", "y")),
+        "corrupt": pick(draw, bad, (None,) * 4, ("d", "ly", "rank0")),
+        "num_threads": pick(draw, bad, (None, 1, 2, 3), (0,)),
+        "return_weights": draw(st.booleans()),
+        "out": out_mode(draw, bad),
+    }
 
 
 def lowest_bandwidth(bw, keys) -> float:
@@ -1003,8 +1136,11 @@ def build_regression(c):
         shapes = {"q": (c["lq"],), "k": (c["lk"],)}
     else:
         shapes = {"q": tuple(lead(0)) + (c["lq"], d), "k": tuple(lead(1)) + (c["lk"], d)}
-    shapes["y"] = (c["lk"],) if c["scalar_y"] and c["scalar"] else tuple(
-        lead(2) if not c["scalar"] else []) + (c["lk"], c["dy"])
+    shapes["y"] = (
+        (c["lk"],)
+        if c["scalar_y"] and c["scalar"]
+        else tuple(lead(2) if not c["scalar"] else []) + (c["lk"], c["dy"])
+    )
     if c["corrupt"] == "d" and not c["scalar"]:
         shapes["k"] = shapes["k"][:-1] + (d + 1,)
     if c["corrupt"] == "ly":
@@ -1016,8 +1152,9 @@ def build_regression(c):
     if bw == "scalar":
         bw = float(rng.uniform(0.3, 3.0))
     elif bw == "array":
-        bw = rng.uniform(0.3, 3.0, size=tuple(batch[len(batch) - int(rng.integers(0, len(
-            batch) + 1)):]))
+        bw = rng.uniform(
+            0.3, 3.0, size=tuple(batch[len(batch) - int(rng.integers(0, len(batch) + 1)) :])
+        )
     elif bw == "tiny":
         bw = 1e-300
     elif bw == "bool":
@@ -1026,16 +1163,21 @@ def build_regression(c):
         target = c["_target"]
         if target == "y" and c["kernel"] == "gaussian":
             # only where no gaussian weight can underflow: (max distance / h)^2 / 2 <= 38
-            dist = row_norm_max(vals["q"]) + row_norm_max(vals["k"]) if vals["q"].ndim \
-                else math.inf
+            dist = row_norm_max(vals["q"]) + row_norm_max(vals["k"]) if vals["q"].ndim else math.inf
             if not (lowest_bandwidth(bw, vals["k"]) * math.sqrt(2 * 38.0) >= dist):
                 target = "q"
         if c["specs"][target]["layout"] in KEEPS_VALUES:
             place(rng, vals[target], int(rng.integers(1, 4)))
-    x_query, x_keys, y_values = (realize(vals[n], dtype_of(*c["specs"][n]["dtype"]),
-                                         c["specs"][n]["layout"], rng) for n in "qky")
-    kwargs = {"kernel": c["kernel"], "bandwidth": bw, "num_threads": c["num_threads"],
-              "return_weights": c["return_weights"]}
+    x_query, x_keys, y_values = (
+        realize(vals[n], dtype_of(*c["specs"][n]["dtype"]), c["specs"][n]["layout"], rng)
+        for n in "qky"
+    )
+    kwargs = {
+        "kernel": c["kernel"],
+        "bandwidth": bw,
+        "num_threads": c["num_threads"],
+        "return_weights": c["return_weights"],
+    }
     info = None
     try:
         ra = regression_args(x_query, x_keys, y_values, c["kernel"], bw)
@@ -1079,12 +1221,16 @@ def regression_checks(xq, xk, y, kw):
         return out_tol, w_tol, None
     skip = (np.abs(u - 1.0) <= 2 * u_err + 4 * eps).any(axis=-1)  # (batch..., Lq)
     k_err = 1.5 * u_err + 4 * eps
-    inside = np.where(u <= 1.0, {"boxcar": 1.0, "triangular": 1.0 - u,
-                                 "epanechnikov": 0.75 * (1 - u * u)}[kw["kernel"]], 0.0)
+    inside = np.where(
+        u <= 1.0,
+        {"boxcar": 1.0, "triangular": 1.0 - u, "epanechnikov": 0.75 * (1 - u * u)}[kw["kernel"]],
+        0.0,
+    )
     total = np.where(np.isfinite(inside), inside, 0.0).sum(axis=-1)  # (batch..., Lq)
     with np.errstate(all="ignore"):
-        w_tol = np.where(total > 0, 2 * n * k_err.max(axis=-1, initial=0.0) / total, 0.0) \
-            + eps * (32 + n)
+        w_tol = np.where(total > 0, 2 * n * k_err.max(axis=-1, initial=0.0) / total, 0.0) + eps * (
+            32 + n
+        )
     w_tol = np.where(np.isfinite(w_tol), w_tol, np.inf)
     if f16:
         w_tol = w_tol + 2 * f16_eps
@@ -1108,11 +1254,17 @@ def test_fuzz_nadaraya_watson(c):
         event("regression rows at a compact kernel's edge: not compared")
     row_tol = out_tol if np.ndim(out_tol) == 0 else np.reshape(out_tol, lead)
     if np.asarray(y).ndim == 1:  # scalar values: the output has no value axis
-        assert_close("output", out[..., None], exp_out[..., None],
-                     row_tol if np.ndim(row_tol) == 0 else row_tol[..., None], rows)
+        assert_close(
+            "output",
+            out[..., None],
+            exp_out[..., None],
+            row_tol if np.ndim(row_tol) == 0 else row_tol[..., None],
+            rows,
+        )
     else:
-        assert_close("output", out, exp_out,
-                     row_tol if np.ndim(row_tol) == 0 else row_tol[..., None], rows)
+        assert_close(
+            "output", out, exp_out, row_tol if np.ndim(row_tol) == 0 else row_tol[..., None], rows
+        )
     if kw["return_weights"]:
         wt = w_tol if np.ndim(w_tol) == 0 else np.reshape(w_tol, lead)[..., None]
         assert_close("weights", got[1], expected[1], wt, rows)
@@ -1127,28 +1279,44 @@ def mha_cases(draw):
     bad = draw(BAD_CASE)
     kv_heads = draw(st.integers(1, 3))
     cross = draw(st.booleans())
-    return {"seed": draw(SEEDS), "isa": draw(st.sampled_from(ISAS)),
-            "batch": draw(maybe(None, 1, 2, 3, 0)), "num_q": draw(maybe(0, 1, 2, 5, 9)),
-            "num_k": draw(maybe(0, 1, 3, 11)), "cross": cross, "kv_heads": kv_heads,
-            "heads": kv_heads * draw(st.integers(1, 3)), "head_dim": draw(maybe(1, 2, 4, 8)),
-            "kdim": draw(maybe(None, 3, 7)) if cross else None,
-            "vdim": draw(maybe(None, 2, 5)) if cross else None,
-            "bias": draw(st.booleans()), "dtype": draw(maybe("float32", "float32", "float64")),
-            "inputs": {n: array_spec(draw, bad) for n in "qkv"},
-            "mask": pick(draw, bad, (None, None, "bool", "keys", "float"), ("int", "badshape")),
-            "valid_lens": pick(draw, bad, (None, None, "batch", "query"), ("out", "float")),
-            "is_causal": pick(draw, bad, (False, True), (1,)),
-            "need_weights": draw(st.booleans()), "average": draw(st.booleans()),
-            "num_threads": pick(draw, bad, (None, 1, 2), (0,)),
-            "corrupt": pick(draw, bad, (None,) * 3, ("features", "batch", "rank"))}
+    return {
+        "seed": draw(SEEDS),
+        "isa": draw(st.sampled_from(ISAS)),
+        "batch": draw(maybe(None, 1, 2, 3, 0)),
+        "num_q": draw(maybe(0, 1, 2, 5, 9)),
+        "num_k": draw(maybe(0, 1, 3, 11)),
+        "cross": cross,
+        "kv_heads": kv_heads,
+        "heads": kv_heads * draw(st.integers(1, 3)),
+        "head_dim": draw(maybe(1, 2, 4, 8)),
+        "kdim": draw(maybe(None, 3, 7)) if cross else None,
+        "vdim": draw(maybe(None, 2, 5)) if cross else None,
+        "bias": draw(st.booleans()),
+        "dtype": draw(maybe("float32", "float32", "float64")),
+        "inputs": {n: array_spec(draw, bad) for n in "qkv"},
+        "mask": pick(draw, bad, (None, None, "bool", "keys", "float"), ("int", "badshape")),
+        "valid_lens": pick(draw, bad, (None, None, "batch", "query"), ("out", "float")),
+        "is_causal": pick(draw, bad, (False, True), (1,)),
+        "need_weights": draw(st.booleans()),
+        "average": draw(st.booleans()),
+        "num_threads": pick(draw, bad, (None, 1, 2), (0,)),
+        "corrupt": pick(draw, bad, (None,) * 3, ("features", "batch", "rank")),
+    }
 
 
 def build_mha(c):
     rng = np.random.default_rng(c["seed"])
     e = c["heads"] * c["head_dim"]
-    layer = fastattn.MultiHeadAttention(e, c["heads"], num_kv_heads=c["kv_heads"],
-                                        kdim=c["kdim"], vdim=c["vdim"], bias=c["bias"],
-                                        dtype=c["dtype"], seed=c["seed"] % 1000)
+    layer = fastattn.MultiHeadAttention(
+        e,
+        c["heads"],
+        num_kv_heads=c["kv_heads"],
+        kdim=c["kdim"],
+        vdim=c["vdim"],
+        bias=c["bias"],
+        dtype=c["dtype"],
+        seed=c["seed"] % 1000,
+    )
     if c["bias"]:
         for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):
             proj.bias = rng.standard_normal(proj.bias.shape).astype(c["dtype"]) * 0.5
@@ -1164,9 +1332,15 @@ def build_mha(c):
         shapes["k"] = (lead[0] + 1,) + shapes["k"][1:]
     elif c["corrupt"] == "rank":
         shapes["q"] = (1, 1) + shapes["q"]
-    arrays = [realize(rng.standard_normal(shapes[n]) * min(c["inputs"][n]["mag"], 1.0),
-                      dtype_of(*c["inputs"][n]["dtype"]), c["inputs"][n]["layout"], rng)
-              for n in shapes]
+    arrays = [
+        realize(
+            rng.standard_normal(shapes[n]) * min(c["inputs"][n]["mag"], 1.0),
+            dtype_of(*c["inputs"][n]["dtype"]),
+            c["inputs"][n]["layout"],
+            rng,
+        )
+        for n in shapes
+    ]
     scores = lead + (c["heads"], c["num_q"], num_k)
     mask = None
     if c["mask"] == "bool":
@@ -1188,8 +1362,13 @@ def build_mha(c):
         vl = np.full(lead, num_k + 1)
     elif c["valid_lens"] == "float":
         vl = np.ones(lead)
-    kwargs = {"attn_mask": mask, "valid_lens": vl, "is_causal": c["is_causal"],
-              "need_weights": c["need_weights"], "average_attn_weights": c["average"]}
+    kwargs = {
+        "attn_mask": mask,
+        "valid_lens": vl,
+        "is_causal": c["is_causal"],
+        "need_weights": c["need_weights"],
+        "average_attn_weights": c["average"],
+    }
     return layer, arrays, kwargs
 
 
@@ -1213,8 +1392,9 @@ def test_fuzz_multi_head_attention(c):
     ref_error = fast_error = None
     (layer, *arrays), kwargs = build(c)
     # The layer converts float inputs to its dtype (the reference would promote instead).
-    ref_arrays = [np.asarray(a).astype(layer.dtype) if np.asarray(a).dtype.kind == "f"
-                  else a for a in arrays]
+    ref_arrays = [
+        np.asarray(a).astype(layer.dtype) if np.asarray(a).dtype.kind == "f" else a for a in arrays
+    ]
     try:
         expected = ref(layer, *ref_arrays, **kwargs)
     except (TypeError, ValueError) as exc:
@@ -1237,4 +1417,3 @@ def test_fuzz_multi_head_attention(c):
         assert_close("weights", got[1], expected[1], w_tol)
     else:
         assert_close("output", got, expected, out_tol)
-

@@ -21,7 +21,7 @@ import fastattn
 N = 46341  # N * N > 2**31
 
 
-ROWS = np.r_[0:64, N - 64:N]  # the rows that may attend
+ROWS = np.r_[0:64, N - 64 : N]  # the rows that may attend
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +54,23 @@ def expected_rows(v):
 
 def test_mask_with_more_than_2_to_the_31_elements_sdpa(huge_mask):
     q, k, v = small_inputs()
-    got = fastattn.scaled_dot_product_attention(q, k, v, huge_mask, window=(0, 0),
-                                                valid_lens=row_lens())
+    got = fastattn.scaled_dot_product_attention(
+        q, k, v, huge_mask, window=(0, 0), valid_lens=row_lens()
+    )
     np.testing.assert_array_equal(got, expected_rows(v))  # one key: weight exactly 1
 
 
 def test_mask_with_more_than_2_to_the_31_elements_family(huge_mask):
     q, k, v = small_inputs()
     expected = expected_rows(v)
-    got = fastattn.attention(q, k, v, huge_mask, score="dot", normalize="hardmax",
-                             window=(0, 0), valid_lens=row_lens())
+    got = fastattn.attention(
+        q, k, v, huge_mask, score="dot", normalize="hardmax", window=(0, 0), valid_lens=row_lens()
+    )
     np.testing.assert_array_equal(got, expected)
     w = np.ones((1, 4), np.float32)
-    got = fastattn.additive_attention(q, k, v, w, w, np.ones(4, np.float32), huge_mask,
-                                      window=(0, 0), valid_lens=row_lens())
+    got = fastattn.additive_attention(
+        q, k, v, w, w, np.ones(4, np.float32), huge_mask, window=(0, 0), valid_lens=row_lens()
+    )
     np.testing.assert_array_equal(got, expected)
 
 

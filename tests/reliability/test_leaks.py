@@ -123,31 +123,52 @@ SCRIPT = textwrap.dedent("""
     print(json.dumps(result))
 """)
 
-GROUPS = ["sdpa", "sdpa-2-threads", "sdpa-out", "masked_softmax", "additive_attention", "attention",
-          "nadaraya_watson", "MultiHeadAttention", "errors-python", "errors-cxx",
-          "errors-bad-alloc"]
+GROUPS = [
+    "sdpa",
+    "sdpa-2-threads",
+    "sdpa-out",
+    "masked_softmax",
+    "additive_attention",
+    "attention",
+    "nadaraya_watson",
+    "MultiHeadAttention",
+    "errors-python",
+    "errors-cxx",
+    "errors-bad-alloc",
+]
 
 
 def measure(groups: list[str], calls: int) -> dict:
     # One thread per call (a leak in a parallel region leaks with one thread as well, and a
     # busy machine makes every OpenMP team slow), except in "sdpa-2-threads".
     env = dict(os.environ, FASTATTN_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(calls), ",".join(groups)],
-                          capture_output=True, text=True, timeout=900, cwd=TESTS_DIR, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(calls), ",".join(groups)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=TESTS_DIR,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
-                    reason="under AddressSanitizer the RSS includes its quarantine of freed "
-                    "memory (ASan tracks leaks itself)")
+@pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""),
+    reason="under AddressSanitizer the RSS includes its quarantine of freed "
+    "memory (ASan tracks leaks itself)",
+)
 @pytest.mark.parametrize("group", GROUPS)
 def test_repeated_calls_keep_rss_flat(group):
     result = measure([group], CALLS)[group]
     marks = result["rss"]
     growth = marks[-1] - marks[0]
-    print(f"{group}: {result['calls']} calls, RSS {marks[0] / 2**20:.1f} -> "
-          f"{marks[-1] / 2**20:.1f} MiB (quarters: {[m // 1024 for m in marks]} KiB)")
+    print(
+        f"{group}: {result['calls']} calls, RSS {marks[0] / 2**20:.1f} -> "
+        f"{marks[-1] / 2**20:.1f} MiB (quarters: {[m // 1024 for m in marks]} KiB)"
+    )
     assert growth < LIMIT, (
         f"{group}: RSS grew by {growth / 2**20:.2f} MiB over {result['calls'] * 3 // 4} "
-        f"calls (quarters: {marks})")
+        f"calls (quarters: {marks})"
+    )

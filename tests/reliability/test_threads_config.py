@@ -204,8 +204,13 @@ def test_public_namespace():
     assert sorted(fastattn.__all__) == sorted(set(fastattn.__all__))
     for name in fastattn.__all__:
         assert hasattr(fastattn, name), name
-    assert {"scaled_dot_product_attention", "get_num_threads", "set_num_threads",
-            "show_config", "__version__"} <= set(fastattn.__all__)
+    assert {
+        "scaled_dot_product_attention",
+        "get_num_threads",
+        "set_num_threads",
+        "show_config",
+        "__version__",
+    } <= set(fastattn.__all__)
     assert callable(fastattn.reference.scaled_dot_product_attention)
     assert callable(fastattn.reference.masked_softmax)
     for name in fastattn.reference.__all__:
@@ -236,8 +241,7 @@ def test_isa_lists_are_consistent():
     ids=lambda m: m.__name__,
 )
 def test_doctests(module):
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False,
-                             report=True)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
     assert result.attempted > 0
     assert result.failed == 0
 
@@ -250,8 +254,15 @@ def _python(code: str, **env_overrides):
     env = dict(os.environ)
     env.update(env_overrides)
     # cwd: a tests/ folder, so the child imports the installed fastattn, not the source tree
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120, check=False, cwd=os.path.dirname(__file__))
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=os.path.dirname(__file__),
+    )
 
 
 def test_fastattn_isa_bogus_fails_naming_variable():
@@ -264,9 +275,11 @@ def test_fastattn_isa_bogus_fails_naming_variable():
 
 @pytest.mark.parametrize("isa", fastattn._core.available_isas())
 def test_fastattn_isa_selects(isa):
-    code = ("import numpy as np, fastattn; print(fastattn._core.active_isa()); "
-            "q = np.ones((3, 4), np.float32); "
-            "print(fastattn.scaled_dot_product_attention(q, q, q).sum())")
+    code = (
+        "import numpy as np, fastattn; print(fastattn._core.active_isa()); "
+        "q = np.ones((3, 4), np.float32); "
+        "print(fastattn.scaled_dot_product_attention(q, q, q).sum())"
+    )
     proc = _python(code, FASTATTN_ISA=f" {isa.upper()} ")  # trimmed, case-insensitive
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split()
@@ -275,8 +288,9 @@ def test_fastattn_isa_selects(isa):
 
 
 def test_fastattn_isa_unsupported_fails():
-    missing = [n for n in fastattn._core.compiled_isas()
-               if n not in fastattn._core.available_isas()]
+    missing = [
+        n for n in fastattn._core.compiled_isas() if n not in fastattn._core.available_isas()
+    ]
     if not missing:
         pytest.skip("this CPU supports every compiled ISA")
     proc = _python("import fastattn", FASTATTN_ISA=missing[0])

@@ -11,15 +11,22 @@ from fastattn import _core
 def ulp_error(got: np.ndarray, x: np.ndarray) -> np.ndarray:
     exact = np.exp2(x.astype(np.float64))
     return np.abs(got.astype(np.float64) - exact) / np.spacing(exact.astype(got.dtype)).astype(
-        np.float64)
+        np.float64
+    )
 
 
 @pytest.mark.parametrize("dtype, low", [(np.float32, -126.0), (np.float64, -1022.0)])
 def test_exp2_within_a_few_ulp(isa, dtype, low):
     rng = np.random.default_rng(7)
     # The softmax calls exp2 on s - max <= 0; alpha, weights and merges likewise.
-    x = np.concatenate([rng.uniform(low, 0.0, 20000), rng.uniform(-1.0, 0.0, 20000),
-                        -rng.exponential(3.0, 20000), [0.0, -0.5, -1.0, low]]).astype(dtype)
+    x = np.concatenate(
+        [
+            rng.uniform(low, 0.0, 20000),
+            rng.uniform(-1.0, 0.0, 20000),
+            -rng.exponential(3.0, 20000),
+            [0.0, -0.5, -1.0, low],
+        ]
+    ).astype(dtype)
     got = _core.exp2(x)
     assert got.dtype == dtype
     assert ulp_error(got, x).max() <= 3.0

@@ -26,12 +26,13 @@ DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 WORK_BUDGET = 1_500_000
 
 
-
 def fixture_ok(factor: float = 1.0):
     """Settings for a test that uses the function-scoped ``isa`` fixture (it only switches
     the ISA, so sharing it across examples is fine), with ``factor`` x the profile's examples."""
-    return settings(suppress_health_check=[HealthCheck.function_scoped_fixture],
-                    max_examples=max(1, round(settings.default.max_examples * factor)))
+    return settings(
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        max_examples=max(1, round(settings.default.max_examples * factor)),
+    )
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Spec:
         v3 = (1,) * (3 - len(self.v_shape)) + self.v_shape
         batch = np.broadcast_shapes(q3[:-3], k3[:-3], v3[:-3])
         full = batch + (q3[-3], q3[-2], k3[-2])
-        return full[len(full) - nd:]
+        return full[len(full) - nd :]
 
 
 def _sub_shape(draw, shape: tuple, *, keep_all: bool = False) -> tuple:
@@ -68,8 +69,15 @@ def _sub_shape(draw, shape: tuple, *, keep_all: bool = False) -> tuple:
 
 
 @st.composite
-def specs(draw, *, masks: str = "maybe", huge: bool | None = None, layouts: bool = True,
-          big: bool = False, decode: bool = False) -> Spec:
+def specs(
+    draw,
+    *,
+    masks: str = "maybe",
+    huge: bool | None = None,
+    layouts: bool = True,
+    big: bool = False,
+    decode: bool = False,
+) -> Spec:
     """A random attention case. masks: "maybe", "always" (each of mask, valid_lens, causal,
     window drawn with high probability) or "never"."""
     seed = draw(st.integers(0, 2**32 - 1))
@@ -89,8 +97,9 @@ def specs(draw, *, masks: str = "maybe", huge: bool | None = None, layouts: bool
     else:
         hkv = draw(st.integers(1, 3))
         group = draw(st.integers(1, 3))
-        batch = () if form == "3d" else tuple(draw(st.lists(st.integers(1, 3), min_size=1,
-                                                            max_size=2)))
+        batch = (
+            () if form == "3d" else tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+        )
     hq = hkv * group
 
     # Shrink the sizes (largest first) until the case fits the work budget.
@@ -118,8 +127,9 @@ def specs(draw, *, masks: str = "maybe", huge: bool | None = None, layouts: bool
         dtypes = (draw(st.sampled_from(sorted(DTYPES))),) * 3
     else:
         dtypes = tuple(draw(st.sampled_from(sorted(DTYPES))) for _ in range(3))
-    lay = tuple(draw(st.sampled_from(LAYOUTS)) if layouts and draw(st.booleans()) else "c"
-                for _ in range(3))
+    lay = tuple(
+        draw(st.sampled_from(LAYOUTS)) if layouts and draw(st.booleans()) else "c" for _ in range(3)
+    )
 
     spec = Spec(seed, q_shape, k_shape, v_shape, dtypes, lay)
     scores = spec.scores_shape
@@ -134,8 +144,7 @@ def specs(draw, *, masks: str = "maybe", huge: bool | None = None, layouts: bool
             big_q = draw(st.sampled_from([30.0, 100.0]))
             spec.magnitude = (big_q, big_q, draw(st.sampled_from([1.0, 100.0])))
     else:
-        spec.magnitude = tuple(draw(st.sampled_from([1.0, 1.0, 1.0, 1e-3, 5.0]))
-                               for _ in range(3))
+        spec.magnitude = tuple(draw(st.sampled_from([1.0, 1.0, 1.0, 1e-3, 5.0])) for _ in range(3))
         if draw(st.booleans()):
             scale = draw(st.floats(-3.0, 3.0, allow_nan=False))
     kwargs = {}
@@ -145,8 +154,11 @@ def specs(draw, *, masks: str = "maybe", huge: bool | None = None, layouts: bool
     p = {"always": 6, "maybe": 3, "never": 0}[masks]  # out of 7
     if draw(st.integers(1, 7)) <= p:
         kind = draw(st.sampled_from(["bool", "float"]))
-        spec.mask = {"kind": kind, "shape": _sub_shape(draw, scores),
-                     "fortran": draw(st.booleans())}
+        spec.mask = {
+            "kind": kind,
+            "shape": _sub_shape(draw, scores),
+            "fortran": draw(st.booleans()),
+        }
         if kind == "bool":
             spec.mask["density"] = draw(st.sampled_from([0.1, 0.5, 0.9, 1.0]))
         else:
@@ -183,8 +195,9 @@ def build(spec: Spec):
     """(query, key, value, call kwargs) for a spec, never all zeros."""
     rng = np.random.default_rng(spec.seed)
     arrays = []
-    for shape, dt, lay, mag in zip((spec.q_shape, spec.k_shape, spec.v_shape), spec.dtypes,
-                                   spec.layouts, spec.magnitude):
+    for shape, dt, lay, mag in zip(
+        (spec.q_shape, spec.k_shape, spec.v_shape), spec.dtypes, spec.layouts, spec.magnitude
+    ):
         x = (rng.standard_normal(shape) * mag).astype(DTYPES[dt])
         arrays.append(with_layout(x, lay))
     kwargs = dict(spec.kwargs)
@@ -201,22 +214,35 @@ def build(spec: Spec):
         vl = spec.valid_lens
         lk = spec.k_shape[-2]
         kwargs["valid_lens"] = np.asarray(
-            rng.integers(vl["low"], lk + 1, size=vl["shape"]), dtype=vl["dtype"])
+            rng.integers(vl["low"], lk + 1, size=vl["shape"]), dtype=vl["dtype"]
+        )
     return (*arrays, kwargs)
 
 
 def check_spec(spec: Spec) -> None:
     q, k, v, kwargs = build(spec)
-    expected = reference.scaled_dot_product_attention(q, k, v, return_lse=True,
-                                                      return_weights=True, **kwargs)
+    expected = reference.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=True, **kwargs
+    )
     got = unpack(
-        fastattn.scaled_dot_product_attention(q, k, v, return_lse=spec.return_lse,
-                                              return_weights=spec.return_weights, **kwargs),
-        spec.return_lse, spec.return_weights)
+        fastattn.scaled_dot_product_attention(
+            q, k, v, return_lse=spec.return_lse, return_weights=spec.return_weights, **kwargs
+        ),
+        spec.return_lse,
+        spec.return_weights,
+    )
     assert got[0].shape == expected[0].shape == spec.scores_shape[:-1] + (v.shape[-1],)
     assert got[0].dtype == expected[0].dtype == np.result_type(q, k, v)
-    assert_close_attention(got, expected, q, k, v, attn_mask=kwargs.get("attn_mask"),
-                           scale=kwargs.get("scale"), softcap=kwargs.get("softcap"))
+    assert_close_attention(
+        got,
+        expected,
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        scale=kwargs.get("scale"),
+        softcap=kwargs.get("softcap"),
+    )
 
 
 @fixture_ok(4.0)
@@ -269,11 +295,23 @@ def specs_with_empty_rows(draw) -> Spec:
         route = "valid_lens"
     row = draw(st.integers(0, lq - 1))
     if route == "bool":  # a bool mask whose row `row` is all False
-        spec.mask = {"kind": "bool", "shape": scores[-2:], "fortran": False,
-                     "density": 0.7, "empty_row": row}
+        spec.mask = {
+            "kind": "bool",
+            "shape": scores[-2:],
+            "fortran": False,
+            "density": 0.7,
+            "empty_row": row,
+        }
     elif route == "float":  # a float mask whose row `row` is all -inf
-        spec.mask = {"kind": "float", "shape": scores[-2:], "fortran": False, "dtype": "f4",
-                     "scale": 1.0, "p_neginf": 0.2, "neginf_row": row}
+        spec.mask = {
+            "kind": "float",
+            "shape": scores[-2:],
+            "fortran": False,
+            "dtype": "f4",
+            "scale": 1.0,
+            "p_neginf": 0.2,
+            "neginf_row": row,
+        }
     elif route == "valid_lens":  # one length is 0
         spec.valid_lens = {"shape": scores[:1], "dtype": "int64", "low": 0, "zero": True}
     else:
@@ -311,13 +349,23 @@ def build_with_empty_rows(spec: Spec):
 def test_fully_masked_rows(isa, spec):
     """A row that may attend nothing: output 0, lse -inf, weights 0 (and others still right)."""
     q, k, v, kwargs = build_with_empty_rows(spec)
-    expected = reference.scaled_dot_product_attention(q, k, v, return_lse=True,
-                                                      return_weights=True, **kwargs)
+    expected = reference.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=True, **kwargs
+    )
     assert np.isneginf(expected[1]).any(), "the case has no fully masked row"
-    got = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, return_weights=True,
-                                                **kwargs)
-    assert_close_attention(got, expected, q, k, v, attn_mask=kwargs.get("attn_mask"),
-                           scale=kwargs.get("scale"), softcap=kwargs.get("softcap"))
+    got = fastattn.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=True, **kwargs
+    )
+    assert_close_attention(
+        got,
+        expected,
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        scale=kwargs.get("scale"),
+        softcap=kwargs.get("softcap"),
+    )
     empty = np.isneginf(expected[1])
     assert (got[0][empty] == 0).all()
     assert np.isneginf(got[1][empty]).all()

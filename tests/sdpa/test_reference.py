@@ -20,8 +20,18 @@ masked_softmax = reference.masked_softmax
 # A loop-by-loop implementation of docs/semantics.md (SDPA's rules), in Python floats
 
 
-def naive_sdpa(q, k, v, attn_mask=None, valid_lens=None, is_causal=False,
-               causal_alignment="top_left", window=None, scale=None, softcap=None):
+def naive_sdpa(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
+    scale=None,
+    softcap=None,
+):
     """(output, lse, weights) by explicit loops over every score row and key."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     nd = max(q.ndim, k.ndim, v.ndim)
@@ -139,11 +149,11 @@ def test_softcap_before_mask():
     v = np.array([[1.0], [0.0]])
     c = 2.0
     s0, s1 = c * math.tanh(3 / c) + 0.5, c * math.tanh(-3 / c)
-    _, lse, w = ref_sdpa(q, k, v, np.array([0.5, 0.0]), scale=1.0, softcap=c,
-                         return_lse=True, return_weights=True)
+    _, lse, w = ref_sdpa(
+        q, k, v, np.array([0.5, 0.0]), scale=1.0, softcap=c, return_lse=True, return_weights=True
+    )
     np.testing.assert_allclose(lse, [math.log(math.exp(s0) + math.exp(s1))], rtol=1e-14)
-    np.testing.assert_allclose(w[0, 0], math.exp(s0) / (math.exp(s0) + math.exp(s1)),
-                               rtol=1e-14)
+    np.testing.assert_allclose(w[0, 0], math.exp(s0) / (math.exp(s0) + math.exp(s1)), rtol=1e-14)
 
 
 def test_causal_alignments_and_window_by_hand():
@@ -152,14 +162,12 @@ def test_causal_alignments_and_window_by_hand():
     v = np.arange(5.0)[:, None]
     _, w = ref_sdpa(q, k, v, is_causal=True, return_weights=True)
     np.testing.assert_array_equal(w > 0, [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
-    _, w = ref_sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right",
-                    return_weights=True)
+    _, w = ref_sdpa(q, k, v, is_causal=True, causal_alignment="bottom_right", return_weights=True)
     np.testing.assert_array_equal(w > 0, [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     out, w = ref_sdpa(q, k, v, window=(1, 0), return_weights=True)
     np.testing.assert_array_equal(w > 0, [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 0]])
     np.testing.assert_allclose(out[:, 0], [0.0, 0.5, 1.5], rtol=1e-15)
-    _, w = ref_sdpa(q, k, v, window=(None, 1), causal_alignment="bottom_right",
-                    return_weights=True)
+    _, w = ref_sdpa(q, k, v, window=(None, 1), causal_alignment="bottom_right", return_weights=True)
     np.testing.assert_array_equal(w > 0, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
 
 
@@ -190,8 +198,7 @@ def test_dtypes_follow_result_type():
     q16 = rng.standard_normal((3, 4)).astype(np.float16)
     k32 = rng.standard_normal((5, 4)).astype(np.float32)
     v16 = rng.standard_normal((5, 2)).astype(np.float16)
-    out, lse, w = ref_sdpa(q16, k32.astype(np.float16), v16, return_lse=True,
-                           return_weights=True)
+    out, lse, w = ref_sdpa(q16, k32.astype(np.float16), v16, return_lse=True, return_weights=True)
     assert (out.dtype, lse.dtype, w.dtype) == (np.float16, np.float32, np.float16)
     out, lse = ref_sdpa(q16, k32, v16, return_lse=True)
     assert (out.dtype, lse.dtype) == (np.float32, np.float32)
@@ -209,34 +216,56 @@ def _r(rng, *shape):
 
 LOOP_CASES = {
     "plain-2d": lambda rng: ((_r(rng, 4, 3), _r(rng, 5, 3), _r(rng, 5, 2)), {}),
-    "gqa-4d": lambda rng: ((_r(rng, 2, 4, 3, 2), _r(rng, 2, 2, 5, 2), _r(rng, 2, 2, 5, 3)),
-                           {"is_causal": True}),
-    "broadcast-batch": lambda rng: ((_r(rng, 1, 2, 3, 2), _r(rng, 3, 1, 4, 2),
-                                     _r(rng, 1, 4, 3)), {}),
-    "bool-mask": lambda rng: ((_r(rng, 2, 3, 4, 2), _r(rng, 2, 3, 6, 2), _r(rng, 2, 3, 6, 2)),
-                              {"attn_mask": rng.random((3, 1, 6)) < 0.5}),
-    "float-mask": lambda rng: ((_r(rng, 2, 4, 3), _r(rng, 2, 5, 3), _r(rng, 2, 5, 3)),
-                               {"attn_mask": _r(rng, 4, 5), "softcap": 1.5, "scale": 2.0}),
+    "gqa-4d": lambda rng: (
+        (_r(rng, 2, 4, 3, 2), _r(rng, 2, 2, 5, 2), _r(rng, 2, 2, 5, 3)),
+        {"is_causal": True},
+    ),
+    "broadcast-batch": lambda rng: (
+        (_r(rng, 1, 2, 3, 2), _r(rng, 3, 1, 4, 2), _r(rng, 1, 4, 3)),
+        {},
+    ),
+    "bool-mask": lambda rng: (
+        (_r(rng, 2, 3, 4, 2), _r(rng, 2, 3, 6, 2), _r(rng, 2, 3, 6, 2)),
+        {"attn_mask": rng.random((3, 1, 6)) < 0.5},
+    ),
+    "float-mask": lambda rng: (
+        (_r(rng, 2, 4, 3), _r(rng, 2, 5, 3), _r(rng, 2, 5, 3)),
+        {"attn_mask": _r(rng, 4, 5), "softcap": 1.5, "scale": 2.0},
+    ),
     "valid-lens-per-batch-4d": lambda rng: (
         (_r(rng, 3, 2, 4, 2), _r(rng, 3, 2, 6, 2), _r(rng, 3, 2, 6, 1)),
-        {"valid_lens": np.array([6, 0, 2])}),
+        {"valid_lens": np.array([6, 0, 2])},
+    ),
     "valid-lens-per-head": lambda rng: (
         (_r(rng, 2, 3, 4, 2), _r(rng, 2, 3, 6, 2), _r(rng, 2, 3, 6, 2)),
-        {"valid_lens": np.array([[1, 6, 3], [0, 2, 5]])}),
+        {"valid_lens": np.array([[1, 6, 3], [0, 2, 5]])},
+    ),
     "valid-lens-per-query": lambda rng: (
         (_r(rng, 2, 2, 4, 2), _r(rng, 2, 2, 6, 2), _r(rng, 2, 2, 6, 2)),
-        {"valid_lens": rng.integers(0, 7, size=(2, 1, 4))}),
-    "d2l-3d-per-batch": lambda rng: ((_r(rng, 2, 4, 3), _r(rng, 2, 6, 3), _r(rng, 2, 6, 2)),
-                                     {"valid_lens": np.array([2, 5])}),
-    "d2l-3d-per-query": lambda rng: ((_r(rng, 2, 4, 3), _r(rng, 2, 6, 3), _r(rng, 2, 6, 2)),
-                                     {"valid_lens": rng.integers(0, 7, size=(2, 4))}),
+        {"valid_lens": rng.integers(0, 7, size=(2, 1, 4))},
+    ),
+    "d2l-3d-per-batch": lambda rng: (
+        (_r(rng, 2, 4, 3), _r(rng, 2, 6, 3), _r(rng, 2, 6, 2)),
+        {"valid_lens": np.array([2, 5])},
+    ),
+    "d2l-3d-per-query": lambda rng: (
+        (_r(rng, 2, 4, 3), _r(rng, 2, 6, 3), _r(rng, 2, 6, 2)),
+        {"valid_lens": rng.integers(0, 7, size=(2, 4))},
+    ),
     "window-bottom-right": lambda rng: (
         (_r(rng, 2, 5, 2), _r(rng, 2, 8, 2), _r(rng, 2, 8, 2)),
-        {"window": (2, 1), "causal_alignment": "bottom_right", "is_causal": True}),
+        {"window": (2, 1), "causal_alignment": "bottom_right", "is_causal": True},
+    ),
     "everything": lambda rng: (
         (_r(rng, 2, 4, 5, 3), _r(rng, 2, 2, 7, 3), _r(rng, 2, 2, 7, 2)),
-        {"attn_mask": rng.random((5, 7)) < 0.8, "valid_lens": np.array([[7], [4]]),
-         "is_causal": True, "window": (None, 3), "softcap": 4.0}),
+        {
+            "attn_mask": rng.random((5, 7)) < 0.8,
+            "valid_lens": np.array([[7], [4]]),
+            "is_causal": True,
+            "window": (None, 3),
+            "softcap": 4.0,
+        },
+    ),
 }
 
 
@@ -270,8 +299,7 @@ def small_cases(draw):
     kwargs = {}
     if draw(st.booleans()):
         shape = draw(st.sampled_from([(lq, lk), (hq, 1, lk), (b, 1, lq, 1), (b, hq, lq, lk)]))
-        kwargs["attn_mask"] = (rng.random(shape) < 0.6 if draw(st.booleans())
-                               else _r(rng, *shape))
+        kwargs["attn_mask"] = rng.random(shape) < 0.6 if draw(st.booleans()) else _r(rng, *shape)
     if draw(st.booleans()):
         shape = draw(st.sampled_from([(), (b,), (b, hq), (b, 1, lq), (b, hq, lq)]))
         kwargs["valid_lens"] = rng.integers(0, lk + 1, size=shape)
@@ -310,8 +338,11 @@ def naive_masked_softmax(x, valid_lens=None, mask=None, axis=-1):
         vl = np.broadcast_to(vl.reshape(vl.shape + (1,) * (len(rows) - vl.ndim)), rows)
     out = np.zeros(moved.shape)
     for idx in np.ndindex(*rows):
-        kept = [j for j in range(moved.shape[-1])
-                if (vl is None or j < vl[idx]) and (keep_mask is None or keep_mask[idx + (j,)])]
+        kept = [
+            j
+            for j in range(moved.shape[-1])
+            if (vl is None or j < vl[idx]) and (keep_mask is None or keep_mask[idx + (j,)])
+        ]
         if not kept:
             continue
         m = max(moved[idx + (j,)] for j in kept)
@@ -353,8 +384,7 @@ def test_masked_softmax_axis(axis):
     mask = rng.random(x.shape) < 0.7
     got = masked_softmax(x, vl, mask=mask, axis=axis)
     assert got.shape == x.shape
-    np.testing.assert_allclose(got, naive_masked_softmax(x, vl, mask, axis), rtol=1e-13,
-                               atol=1e-15)
+    np.testing.assert_allclose(got, naive_masked_softmax(x, vl, mask, axis), rtol=1e-13, atol=1e-15)
     sums = got.sum(axis=axis)
     assert np.all(np.isclose(sums, 1.0, rtol=1e-13) | (sums == 0))
 
@@ -364,8 +394,9 @@ def test_masked_softmax_fully_masked_rows_are_zero():
     w = masked_softmax(x, np.array([0, 5, 2]), mask=np.array([True, True, False, True, True]))
     np.testing.assert_array_equal(w[0], 0.0)
     assert (w[1, 2] == 0) and np.isclose(w[1].sum(), 1.0)
-    np.testing.assert_allclose(w[2], naive_masked_softmax(x[2:], [2])[0] * [1, 1, 0, 0, 0],
-                               rtol=1e-14)
+    np.testing.assert_allclose(
+        w[2], naive_masked_softmax(x[2:], [2])[0] * [1, 1, 0, 0, 0], rtol=1e-14
+    )
     assert not np.isnan(w).any()
     w = masked_softmax(x, mask=np.zeros(5, bool))
     np.testing.assert_array_equal(w, 0.0)

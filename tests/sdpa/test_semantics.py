@@ -39,22 +39,33 @@ def qkv(seed, q_shape, k_shape, v_shape, dtype=np.float32):
 
 
 def ref_triple(q, k, v, **kwargs):
-    return reference.scaled_dot_product_attention(q, k, v, return_lse=True,
-                                                  return_weights=True, **kwargs)
+    return reference.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=True, **kwargs
+    )
 
 
 def check_against_reference(q, k, v, **kwargs):
     """fastattn (with lse and weights) vs the reference; returns fastattn's triple."""
     got = sdpa(q, k, v, return_lse=True, return_weights=True, **kwargs)
-    assert_close_attention(got, ref_triple(q, k, v, **kwargs), q, k, v,
-                           attn_mask=kwargs.get("attn_mask"), scale=kwargs.get("scale"),
-                           softcap=kwargs.get("softcap"))
+    assert_close_attention(
+        got,
+        ref_triple(q, k, v, **kwargs),
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        scale=kwargs.get("scale"),
+        softcap=kwargs.get("softcap"),
+    )
     return got
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and (
-        np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and (np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -99,8 +110,11 @@ def test_out_poisoned_buffer_fully_written(isa, case, layout):
 def test_out_with_lse_and_weights(isa, flags):
     return_lse, return_weights = flags
     q, k, v = qkv(8, (2, 4, 19, 8), (2, 2, 25, 8), (2, 2, 25, 8), np.float16)
-    kwargs = {"valid_lens": np.array([25, 3]), "return_lse": return_lse,
-              "return_weights": return_weights}
+    kwargs = {
+        "valid_lens": np.array([25, 3]),
+        "return_lse": return_lse,
+        "return_weights": return_weights,
+    }
     out = np.full((2, 4, 19, 8), np.nan, np.float16)
     got = unpack(sdpa(q, k, v, out=out, **kwargs), return_lse, return_weights)
     plain = unpack(sdpa(q, k, v, **kwargs), return_lse, return_weights)
@@ -145,8 +159,19 @@ def test_inputs_not_modified(sdpa_impl, dtype):
     valid_lens = np.array([50, 17])
     before = [a.copy() for a in (base, k, v, float_mask, bool_mask, valid_lens)]
     out = np.empty((2, 4, 40, 12), dtype)
-    fn(q, k, v, float_mask, valid_lens=valid_lens, is_causal=True, window=(30, None),
-       softcap=5.0, return_lse=True, return_weights=True, out=out)
+    fn(
+        q,
+        k,
+        v,
+        float_mask,
+        valid_lens=valid_lens,
+        is_causal=True,
+        window=(30, None),
+        softcap=5.0,
+        return_lse=True,
+        return_weights=True,
+        out=out,
+    )
     fn(q, k, v, bool_mask, valid_lens=valid_lens)
     for old, new in zip(before, (base, k, v, float_mask, bool_mask, valid_lens)):
         assert same_bits(old, new)
@@ -156,14 +181,20 @@ def test_inputs_not_modified(sdpa_impl, dtype):
 # Threads: identical bits for any count (docs/semantics.md#determinism)
 
 THREAD_CASES = {
-    "causal-gqa": (((2, 6, 150, 40), (2, 3, 170, 40), (2, 3, 170, 24)),
-                   {"is_causal": True}),
+    "causal-gqa": (((2, 6, 150, 40), (2, 3, 170, 40), (2, 3, 170, 24)), {"is_causal": True}),
     "decode": (((1, 4, 1, 64), (1, 4, 3000, 64), (1, 4, 3000, 64)), {}),
-    "decode-few-rows": (((2, 2, 3, 32), (2, 1, 2500, 32), (2, 1, 2500, 32)),
-                        {"is_causal": True, "causal_alignment": "bottom_right",
-                         "valid_lens": np.array([2500, 1700])}),
-    "masks": (((3, 2, 100, 16), (3, 2, 260, 16), (3, 2, 260, 16)),
-              {"window": (50, 10), "softcap": 3.0}),
+    "decode-few-rows": (
+        ((2, 2, 3, 32), (2, 1, 2500, 32), (2, 1, 2500, 32)),
+        {
+            "is_causal": True,
+            "causal_alignment": "bottom_right",
+            "valid_lens": np.array([2500, 1700]),
+        },
+    ),
+    "masks": (
+        ((3, 2, 100, 16), (3, 2, 260, 16), (3, 2, 260, 16)),
+        {"window": (50, 10), "softcap": 3.0},
+    ),
 }
 
 
@@ -177,8 +208,7 @@ def test_bit_identical_for_any_thread_count(isa, case, dtype):
         kwargs = dict(kwargs, attn_mask=randn(rng, shapes[0][:-1] + (shapes[1][-2],), dtype))
     results = {}
     for n in (1, 2, 3, 7):
-        results[n] = sdpa(q, k, v, num_threads=n, return_lse=True, return_weights=True,
-                          **kwargs)
+        results[n] = sdpa(q, k, v, num_threads=n, return_lse=True, return_weights=True, **kwargs)
     for n in (2, 3, 7):
         for a, b in zip(results[1], results[n]):
             assert same_bits(a, b), f"num_threads={n} differs from num_threads=1"
@@ -187,15 +217,23 @@ def test_bit_identical_for_any_thread_count(isa, case, dtype):
             assert fastattn.get_num_threads() == n
             got = sdpa(q, k, v, **kwargs)
         assert same_bits(got, results[1][0])
-    assert_close_attention(results[1], ref_triple(q, k, v, **kwargs), q, k, v,
-                           attn_mask=kwargs.get("attn_mask"), softcap=kwargs.get("softcap"))
+    assert_close_attention(
+        results[1],
+        ref_triple(q, k, v, **kwargs),
+        q,
+        k,
+        v,
+        attn_mask=kwargs.get("attn_mask"),
+        softcap=kwargs.get("softcap"),
+    )
 
 
 def test_concurrent_python_threads(isa):
     """Calls from several Python threads at once give the same results as serial calls."""
     rng = np.random.default_rng(14)
-    cases = [tuple(randn(rng, s) for s in ((2, 64, 16), (2, 80, 16), (2, 80, 16)))
-             for _ in range(4)]
+    cases = [
+        tuple(randn(rng, s) for s in ((2, 64, 16), (2, 80, 16), (2, 80, 16))) for _ in range(4)
+    ]
     expected = [sdpa(*c, is_causal=True, num_threads=1) for c in cases]
     results = [None] * len(cases)
     errors = []
@@ -257,8 +295,9 @@ def test_gil_released_during_kernel():
 
 
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
-@pytest.mark.parametrize("form", ["per-batch", "per-head", "per-query", "d2l-3d-per-batch",
-                                  "d2l-3d-per-query"])
+@pytest.mark.parametrize(
+    "form", ["per-batch", "per-head", "per-query", "d2l-3d-per-batch", "d2l-3d-per-query"]
+)
 def test_valid_lens_padding_is_never_read(isa, form, poison):
     rng = np.random.default_rng(16)
     b, h, lq, lk, e = 3, 2, 70, 150, 24
@@ -270,8 +309,7 @@ def test_valid_lens_padding_is_never_read(isa, form, poison):
             vl = rng.integers(0, 100, size=(b, lq))
         reach = vl.reshape(b, -1).max(axis=1)  # keys each batch entry may read
     else:
-        q, k, v = (randn(rng, (b, h, lq, e)), randn(rng, (b, h, lk, e)),
-                   randn(rng, (b, h, lk, 8)))
+        q, k, v = (randn(rng, (b, h, lq, e)), randn(rng, (b, h, lk, e)), randn(rng, (b, h, lk, 8)))
         if form == "per-batch":
             vl = np.array([150, 0, 77])
             reach = np.broadcast_to(vl[:, None], (b, h))
@@ -283,8 +321,8 @@ def test_valid_lens_padding_is_never_read(isa, form, poison):
             reach = np.broadcast_to(vl.max(axis=-1), (b, h))
     clean_k, clean_v = k.copy(), v.copy()
     for idx in np.ndindex(*reach.shape):
-        k[idx][reach[idx]:] = poison
-        v[idx][reach[idx]:] = poison
+        k[idx][reach[idx] :] = poison
+        v[idx][reach[idx] :] = poison
     out, lse, w = sdpa(q, k, v, valid_lens=vl, return_lse=True, return_weights=True)
     assert np.isfinite(out).all()
     assert not np.isnan(lse).any() and not np.isnan(w).any()
@@ -318,14 +356,26 @@ def _rows_attending(visible: np.ndarray, bad_keys) -> np.ndarray:
 EXCLUSION_CASES = {
     # name: (Lq, Lk, kwargs, poisoned keys)
     "causal-top-left": (140, 140, {"is_causal": True}, [70, 139]),
-    "causal-bottom-right-decode": (5, 300, {"is_causal": True,
-                                            "causal_alignment": "bottom_right"}, [299, 298]),
-    "causal-bottom-right-short": (90, 40, {"is_causal": True,
-                                           "causal_alignment": "bottom_right"}, [39]),
+    "causal-bottom-right-decode": (
+        5,
+        300,
+        {"is_causal": True, "causal_alignment": "bottom_right"},
+        [299, 298],
+    ),
+    "causal-bottom-right-short": (
+        90,
+        40,
+        {"is_causal": True, "causal_alignment": "bottom_right"},
+        [39],
+    ),
     "window": (130, 130, {"window": (3, 0)}, [0, 64, 100]),
     "window-right": (130, 160, {"window": (None, 2)}, [100, 159]),
-    "window-bottom-right": (50, 200, {"window": (10, 5), "causal_alignment": "bottom_right"},
-                            [0, 120, 199]),
+    "window-bottom-right": (
+        50,
+        200,
+        {"window": (10, 5), "causal_alignment": "bottom_right"},
+        [0, 120, 199],
+    ),
     "causal-and-window": (100, 100, {"is_causal": True, "window": (7, None)}, [3, 50, 99]),
 }
 
@@ -403,8 +453,9 @@ def test_nan_value_excluded_for_one_row_of_a_tile(isa, excluded_row):
     clean_v = v.copy()
     clean_v[..., 5, :] = 0.0
     expected = reference.scaled_dot_product_attention(q, k, clean_v, mask)
-    np.testing.assert_allclose(out[0, 0, excluded_row], expected[0, 0, excluded_row],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out[0, 0, excluded_row], expected[0, 0, excluded_row], rtol=1e-5, atol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -444,13 +495,18 @@ def test_broadcast_inputs_equal_materialised(isa):
     v_rows = np.broadcast_to(v1[:, :, :1], v1.shape)  # stride 0 along the keys
     for kk, vv in ((kb, v1), (kb, v_rows)):
         a = sdpa(q, kk, vv, mask1, valid_lens=vl1, return_lse=True, return_weights=True)
-        b = sdpa(q, kk.copy(), vv.copy(), np.broadcast_to(mask1, (3, 4, 50, 70)).copy(),
-                 valid_lens=np.broadcast_to(vl1, (3, 4)).copy(), return_lse=True,
-                 return_weights=True)
+        b = sdpa(
+            q,
+            kk.copy(),
+            vv.copy(),
+            np.broadcast_to(mask1, (3, 4, 50, 70)).copy(),
+            valid_lens=np.broadcast_to(vl1, (3, 4)).copy(),
+            return_lse=True,
+            return_weights=True,
+        )
         for x, y in zip(a, b):
             assert same_bits(x, y)
-        assert_close_attention(a, ref_triple(q, kk, vv, attn_mask=mask1, valid_lens=vl1),
-                               q, kk, vv)
+        assert_close_attention(a, ref_triple(q, kk, vv, attn_mask=mask1, valid_lens=vl1), q, kk, vv)
     # Leading dims of size 1 (or missing) broadcast like NumPy.
     c = sdpa(q, k1, v1, mask1, valid_lens=vl1)
     assert same_bits(c, sdpa(q, kb.copy(), v1, mask1, valid_lens=vl1))
@@ -475,8 +531,9 @@ def test_blhe_swapaxes_view_equals_contiguous_copy(isa, dtype):
     assert_close_attention((a[0], a[1], None), ref_triple(q, k, v, is_causal=True), q, k, v)
 
 
-@pytest.mark.parametrize("layout", ["fortran", "slice-rows", "slice-last", "reversed",
-                                    "big-endian"])
+@pytest.mark.parametrize(
+    "layout", ["fortran", "slice-rows", "slice-last", "reversed", "big-endian"]
+)
 def test_other_layouts_equal_contiguous(isa, layout):
     rng = np.random.default_rng(23)
     arrays = [randn(rng, (3, 40, 12)), randn(rng, (3, 55, 12)), randn(rng, (3, 55, 7))]
@@ -510,8 +567,9 @@ def test_list_inputs(isa):
     v = [[1.0], [2.0], [3.0]]
     got = sdpa(q, k, v)
     assert got.dtype == np.float64 and got.shape == (2, 1)
-    np.testing.assert_allclose(got, reference.scaled_dot_product_attention(q, k, v),
-                               rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(
+        got, reference.scaled_dot_product_attention(q, k, v), rtol=1e-13, atol=1e-13
+    )
 
 
 EMPTY_CASES = {
@@ -573,23 +631,33 @@ def _explicit_scores(q, k, scale=None, softcap=None, float_mask=None):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_lse_is_log_sum_exp_of_scores(isa, dtype):
     rng = np.random.default_rng(24)
-    q, k, v = randn(rng, (2, 3, 40, 16), dtype), randn(rng, (2, 3, 60, 16), dtype), randn(
-        rng, (2, 3, 60, 4), dtype)
+    q, k, v = (
+        randn(rng, (2, 3, 40, 16), dtype),
+        randn(rng, (2, 3, 60, 16), dtype),
+        randn(rng, (2, 3, 60, 4), dtype),
+    )
     fmask = randn(rng, (40, 60), dtype)
     for kwargs in ({}, {"scale": 0.7}, {"softcap": 2.0, "attn_mask": fmask}):
-        s = _explicit_scores(q, k, kwargs.get("scale"), kwargs.get("softcap"),
-                             kwargs.get("attn_mask"))
+        s = _explicit_scores(
+            q, k, kwargs.get("scale"), kwargs.get("softcap"), kwargs.get("attn_mask")
+        )
         m = s.max(axis=-1, keepdims=True)
         expected = (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))[..., 0]
         _, lse = sdpa(q, k, v, return_lse=True, **kwargs)
         _, ref_lse = reference.scaled_dot_product_attention(q, k, v, return_lse=True, **kwargs)
         assert lse.dtype == dtype and lse.shape == (2, 3, 40)
-        _, tol, _ = attention_tolerances(q, k, v, scale=kwargs.get("scale"),
-                                         softcap=kwargs.get("softcap"),
-                                         attn_mask=kwargs.get("attn_mask"))
+        _, tol, _ = attention_tolerances(
+            q,
+            k,
+            v,
+            scale=kwargs.get("scale"),
+            softcap=kwargs.get("softcap"),
+            attn_mask=kwargs.get("attn_mask"),
+        )
         np.testing.assert_allclose(lse, expected, rtol=0, atol=tol)
-        np.testing.assert_allclose(ref_lse, expected, rtol=0,
-                                   atol=64 * np.finfo(dtype).eps * (1 + np.abs(expected).max()))
+        np.testing.assert_allclose(
+            ref_lse, expected, rtol=0, atol=64 * np.finfo(dtype).eps * (1 + np.abs(expected).max())
+        )
 
 
 def test_weights_rows_sum_to_one_or_zero(isa):
@@ -598,8 +666,17 @@ def test_weights_rows_sum_to_one_or_zero(isa):
     vl = np.array([[130, 0], [1, 64], [0, 0]])
     mask = rng.random((70, 130)) < 0.9
     mask[5] = False
-    out, lse, w = sdpa(q, k, v, mask, valid_lens=vl, is_causal=True,
-                       causal_alignment="bottom_right", return_lse=True, return_weights=True)
+    out, lse, w = sdpa(
+        q,
+        k,
+        v,
+        mask,
+        valid_lens=vl,
+        is_causal=True,
+        causal_alignment="bottom_right",
+        return_lse=True,
+        return_weights=True,
+    )
     sums = w.astype(np.float64).sum(axis=-1)
     empty = np.isneginf(lse)
     assert empty[..., 5].all() and empty[2].all() and empty[0, 1].all()
@@ -649,8 +726,10 @@ def test_causal_equals_explicit_mask(isa, lq_lk, alignment):
 
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
-@pytest.mark.parametrize("window", [(0, 0), (3, None), (None, 4), (10, 2), (0, None),
-                                    (None, 0), (None, None), (500, 500)])
+@pytest.mark.parametrize(
+    "window",
+    [(0, 0), (3, None), (None, 4), (10, 2), (0, None), (None, 0), (None, None), (500, 500)],
+)
 @pytest.mark.parametrize("lq_lk", [(37, 37), (20, 75), (130, 70)], ids=lambda t: f"{t[0]}x{t[1]}")
 def test_window_equals_explicit_band(isa, lq_lk, window, alignment):
     lq, lk = lq_lk
@@ -672,22 +751,28 @@ def test_masks_combine_by_and(sdpa_impl):
     bool_mask = rng.random((h, 1, lk)) < 0.8
     vl = np.stack([rng.integers(0, lk + 1, size=lq), rng.integers(60, lk + 1, size=lq)])[:, None]
     window = (40, 3)
-    kwargs = {"valid_lens": vl, "is_causal": True, "causal_alignment": "bottom_right",
-              "window": window}
-    explicit = (bool_mask
-                & (np.arange(lk) < vl[..., None])
-                & _band(lq, lk, lk - lq, causal=True, left=40, right=3))
+    kwargs = {
+        "valid_lens": vl,
+        "is_causal": True,
+        "causal_alignment": "bottom_right",
+        "window": window,
+    }
+    explicit = (
+        bool_mask
+        & (np.arange(lk) < vl[..., None])
+        & _band(lq, lk, lk - lq, causal=True, left=40, right=3)
+    )
     assert explicit.shape == (b, h, lq, lk)
-    got = unpack(fn(q, k, v, bool_mask, return_lse=True, return_weights=True, **kwargs),
-                 True, True)
+    got = unpack(fn(q, k, v, bool_mask, return_lse=True, return_weights=True, **kwargs), True, True)
     want = unpack(fn(q, k, v, explicit, return_lse=True, return_weights=True), True, True)
     assert_close_attention(got, want, q, k, v)
     assert np.isneginf(want[1]).any() and np.isfinite(want[1]).any()
     # A float mask composes with the others too: it adds, they exclude.
     fmask = randn(rng, (lq, lk))
     got_f = fn(q, k, v, fmask, **kwargs)
-    kept = (np.arange(lk) < vl[..., None]) & _band(lq, lk, lk - lq, causal=True, left=40,
-                                                    right=3)  # valid_lens & causal & window
+    kept = (np.arange(lk) < vl[..., None]) & _band(
+        lq, lk, lk - lq, causal=True, left=40, right=3
+    )  # valid_lens & causal & window
     want_f = fn(q, k, v, np.where(kept, fmask, -np.inf).astype(np.float32))
     out_tol, _, _ = attention_tolerances(q, k, v, attn_mask=fmask)
     np.testing.assert_allclose(got_f, want_f, rtol=0, atol=out_tol)
@@ -758,8 +843,14 @@ MEMORY_SCRIPT = textwrap.dedent("""
 def test_peak_memory_single_head_32k_keys():
     """L = 32768, E = 64, one head: far less than the 4 GiB a score matrix would take."""
     # cwd: a tests/ folder, so the child imports the installed fastattn, not the source tree
-    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True,
-                          text=True, timeout=300, check=False, cwd=os.path.dirname(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=os.path.dirname(__file__),
+    )
     assert proc.returncode == 0, proc.stderr
     extra = int(proc.stdout.strip().splitlines()[-1])
     assert extra < 64 * 2**20, f"peak RSS grew by {extra / 2**20:.1f} MiB during the call"
