@@ -1,4 +1,8 @@
-"""Self-attention over an image treated as a set of patch vectors (as a vision transformer does).
+"""
+Self-attention over image patches
+=================================
+
+An image treated as a set of patch vectors, as a vision transformer does.
 
 A synthetic 96x96 picture (sky, sun, house, grass) is cut into 8x8 patches: 144 vectors of
 8 * 8 * 3 = 192 numbers. A ``fastattn.MultiHeadAttention`` with hand-set weights (no

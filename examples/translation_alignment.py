@@ -1,4 +1,8 @@
-"""Source-target attention in a toy translation: which English word does each French word look at?
+"""
+Cross-attention in a toy translation
+====================================
+
+Which English word does each French word look at?
 
 A 2-head cross-attention layer (``fastattn.MultiHeadAttention`` with ``kdim != embed_dim``)
 attends from the French target tokens to the English source tokens. Its weights are set by
