@@ -27,8 +27,15 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "README.md", "auto_examples/*.ipynb",
-                    "auto_examples/*.py", "auto_examples/*.zip", "auto_examples/*.json"]
+exclude_patterns = [
+    "_build",
+    "_ext",
+    "README.md",
+    "auto_examples/*.ipynb",
+    "auto_examples/*.py",
+    "auto_examples/*.zip",
+    "auto_examples/*.json",
+]
 
 # Every cross-reference must resolve. There is no intersphinx: the build never goes online
 # (CI has no network but PyPI), so references to NumPy/Python objects stay plain text.
@@ -51,7 +58,6 @@ sphinx_gallery_conf = {
     "examples_dirs": "../examples",
     "gallery_dirs": "auto_examples",
     "filename_pattern": r"\.py$",  # run every example
-    "reset_argv": "gallery_png.reset_argv",
     "image_scrapers": ("gallery_png.scraper",),
     "download_all_examples": False,
     "remove_config_comments": True,
@@ -67,6 +73,19 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
+}
+# No navigation column on the pages that have no sub-pages: the text gets its width.
+html_sidebars = {
+    page: []
+    for page in [
+        "index",
+        "getting-started",
+        "semantics",
+        "benchmarks",
+        "bench/report",
+        "cuda",
+        "api",
+    ]
 }
 html_show_sourcelink = False
 html_last_updated_fmt = None

@@ -19,7 +19,8 @@ The figure shows the picture, the picture rebuilt from the layer's output (atten
 content-adaptive smoothing filter: regions flatten, edges stay), and for four query
 patches where they attend: to the patches that look alike, wherever they are.
 
-Run: python examples/image_patch_attention.py [output.png]   (default image_patch_attention.png)
+Run: ``python examples/image_patch_attention.py [output.png]``
+writes the figure to ``output.png`` (default: ``image_patch_attention.png``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ layout to inspect a trained model's heads in too (load one with
 ``MultiHeadAttention.from_torch``). The causal mask keeps every row on its own and
 earlier tokens (the upper triangle stays 0).
 
-Run: python examples/multihead_attention_weights.py [output.png]   (default multihead_attention_weights.png)
+Run: ``python examples/multihead_attention_weights.py [output.png]``
+writes the figure to ``output.png`` (default: ``multihead_attention_weights.png``).
 """
 
 from __future__ import annotations
@@ -53,34 +54,38 @@ def shift_back() -> np.ndarray:
     r = np.zeros((D, D))
     for f, w in enumerate(FREQS[: D // 2]):
         c, s = np.cos(w), np.sin(w)
-        r[2 * f: 2 * f + 2, 2 * f: 2 * f + 2] = [[c, s], [-s, c]]
+        r[2 * f : 2 * f + 2, 2 * f : 2 * f + 2] = [[c, s], [-s, c]]
     return r
 
 
 def embed(rng: np.random.Generator) -> np.ndarray:
     """(L, E): a random meaning vector per word (shared by repeats), then the position."""
     meanings = {w: rng.standard_normal(16) / 2 for w in dict.fromkeys(TOKENS)}
-    x = np.concatenate([np.stack([meanings[w] for w in TOKENS]),
-                        position_code(np.arange(len(TOKENS)))], axis=1)
+    x = np.concatenate(
+        [np.stack([meanings[w] for w in TOKENS]), position_code(np.arange(len(TOKENS)))], axis=1
+    )
     return x.astype(np.float32)
 
 
 def build_layer() -> fastattn.MultiHeadAttention:
     """Query and key projections per head; value and output projections stay random."""
     mha = fastattn.MultiHeadAttention(E, num_heads=len(HEADS), seed=0)
-    meaning, position = np.eye(E)[:D], np.eye(E)[16: 16 + D]  # (D, E) selectors
+    meaning, position = np.eye(E)[:D], np.eye(E)[16 : 16 + D]  # (D, E) selectors
     gain = 4.0
-    mha.q_proj.weight = np.concatenate([
-        gain * shift_back() @ position,  # head 0: the code of position i - 1
-        gain * meaning,  # head 1: the word
-        np.zeros((D, E)),  # head 2: nothing from the token; the bias below
-        0.5 * gain * position,  # head 3: position i, with a lower gain
-    ])
+    mha.q_proj.weight = np.concatenate(
+        [
+            gain * shift_back() @ position,  # head 0: the code of position i - 1
+            gain * meaning,  # head 1: the word
+            np.zeros((D, E)),  # head 2: nothing from the token; the bias below
+            0.5 * gain * position,  # head 3: position i, with a lower gain
+        ]
+    )
     bias = np.zeros(E)
-    bias[2 * D: 3 * D] = gain * position_code([0])[0, :D]  # head 2 asks for position 0
+    bias[2 * D : 3 * D] = gain * position_code([0])[0, :D]  # head 2 asks for position 0
     mha.q_proj.bias = bias
-    mha.k_proj.weight = np.concatenate([gain * position, gain * meaning, gain * position,
-                                        0.5 * gain * position])
+    mha.k_proj.weight = np.concatenate(
+        [gain * position, gain * meaning, gain * position, 0.5 * gain * position]
+    )
     return mha
 
 
@@ -88,8 +93,9 @@ def main(path: str = "multihead_attention_weights.png") -> None:
     from matplotlib.figure import Figure  # no pyplot: works on any (or no) display
 
     x = embed(np.random.default_rng(1))
-    _, per_head = build_layer()(x, is_causal=True, need_weights=True,
-                                average_attn_weights=False)  # (4, L, L)
+    _, per_head = build_layer()(
+        x, is_causal=True, need_weights=True, average_attn_weights=False
+    )  # (4, L, L)
     for name, w in zip(HEADS, per_head):
         picks = [TOKENS[j] for j in w.argmax(axis=1)]
         print(f"{name:>14s}: " + " ".join(f"{t}->{p}" for t, p in zip(TOKENS, picks)))
@@ -97,8 +103,16 @@ def main(path: str = "multihead_attention_weights.png") -> None:
     fig = Figure(figsize=(16, 4.6), layout="constrained")
     axes = fig.subplots(1, len(HEADS))
     for ax, name, w in zip(axes, HEADS, per_head):
-        fastattn.plot_attention(w, x_labels=TOKENS, y_labels=TOKENS, ax=ax, vmin=0, vmax=1,
-                                cmap="Blues", colorbar=ax is axes[-1])
+        fastattn.plot_attention(
+            w,
+            x_labels=TOKENS,
+            y_labels=TOKENS,
+            ax=ax,
+            vmin=0,
+            vmax=1,
+            cmap="Blues",
+            colorbar=ax is axes[-1],
+        )
         ax.set_title(f"head {HEADS.index(name)}: {name}")
         ax.set_xlabel("key (earlier token)")
         ax.set_ylabel("query (current token)")

@@ -16,7 +16,8 @@ bandwidth matters more than the kernel: too small follows the noise, too large f
 the curve. The compact kernels give a point farther than ``h`` from every sample no
 prediction (NaN: a gap in the curve); the Gaussian always has one.
 
-Run: python examples/nadaraya_watson_kernels.py [output.png]   (default nadaraya_watson_kernels.png)
+Run: ``python examples/nadaraya_watson_kernels.py [output.png]``
+writes the figure to ``output.png`` (default: ``nadaraya_watson_kernels.png``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def make_data(rng: np.random.Generator, n: int = 50):
 
 def fit(x_train, y_train, x_test, kernel, bandwidth):
     """Predictions at x_test and the (test, train) weights."""
-    return fastattn.nadaraya_watson(x_test, x_train, y_train, kernel=kernel,
-                                    bandwidth=bandwidth, return_weights=True)
+    return fastattn.nadaraya_watson(
+        x_test, x_train, y_train, kernel=kernel, bandwidth=bandwidth, return_weights=True
+    )
 
 
 def main(path: str = "nadaraya_watson_kernels.png") -> None:
@@ -57,18 +59,23 @@ def main(path: str = "nadaraya_watson_kernels.png") -> None:
     top, bottom = fig.subplots(2, len(KERNELS))
     colours = ["tab:red", "tab:green", "tab:purple", "black"]
     for kernel, ax, ax_w in zip(KERNELS, top, bottom):
-        ax.plot(x_test, truth(x_test), color="tab:blue", linewidth=3, alpha=0.35,
-                label="truth")
-        ax.plot(x_train, y_train, "o", color="tab:orange", markersize=4, alpha=0.7,
-                label="samples")
+        ax.plot(x_test, truth(x_test), color="tab:blue", linewidth=3, alpha=0.35, label="truth")
+        ax.plot(x_train, y_train, "o", color="tab:orange", markersize=4, alpha=0.7, label="samples")
         for bandwidth, colour in zip(BANDWIDTHS, colours):
             y_hat, _ = fit(x_train, y_train, x_test, kernel, bandwidth)
-            ax.plot(x_test, y_hat, color=colour, linewidth=1.5,
-                    linestyle="--" if bandwidth == "silverman" else "-",
-                    label=f"h = {bandwidth}")
+            ax.plot(
+                x_test,
+                y_hat,
+                color=colour,
+                linewidth=1.5,
+                linestyle="--" if bandwidth == "silverman" else "-",
+                label=f"h = {bandwidth}",
+            )
             error = np.sqrt(np.nanmean((y_hat - truth(x_test)) ** 2))
-            print(f"{kernel:>12s} h={bandwidth!s:>9s}: RMS error {error:.3f}, "
-                  f"undefined at {int(np.isnan(y_hat).sum())} of {len(x_test)} points")
+            print(
+                f"{kernel:>12s} h={bandwidth!s:>9s}: RMS error {error:.3f}, "
+                f"undefined at {int(np.isnan(y_hat).sum())} of {len(x_test)} points"
+            )
         ax.set_title(f"{kernel} kernel")
         ax.set_xlabel("x")
         ax.set_ylim(-1.5, 5.5)

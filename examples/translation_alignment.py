@@ -18,7 +18,8 @@ hand, not trained, so the picture is easy to read:
   resolves the ambiguity, and handles the adjective-noun swap (black cat / chat noir) and
   one word becoming two (sat / s'est assis).
 
-Run: python examples/translation_alignment.py [output.png]   (default translation_alignment.png)
+Run: ``python examples/translation_alignment.py [output.png]``
+writes the figure to ``output.png`` (default: ``translation_alignment.png``).
 """
 
 from __future__ import annotations
