@@ -1,4 +1,4 @@
-"""Sphinx configuration of the fastattn documentation (build: see docs/README.md)."""
+"""Sphinx configuration of the fastattn documentation (how to build it: README.md here)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "fastattn"
 author = "the fastattn authors"
-copyright = "the fastattn authors, BSD-3-Clause"  # noqa: A001 - the name Sphinx reads
+copyright = "the fastattn authors, BSD-3-Clause"
 release = fastattn.__version__  # the installed package the pages document
 version = release
 
@@ -23,6 +23,7 @@ extensions = [
     "sphinx.ext.doctest",  # `sphinx-build -b doctest`: every >>> in the pages and docstrings
     "sphinx.ext.mathjax",
     "sphinx_gallery.gen_gallery",
+    "docstring_notes",  # _ext/: prose after a docstring's field list, as its Notes
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -72,7 +73,8 @@ html_title = f"fastattn {release}"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc"],
+    # The report's tables are wide: its page has no "on this page" column.
+    "secondary_sidebar_items": {"**": ["page-toc"], "bench/report": []},
 }
 # No navigation column on the pages that have no sub-pages: the text gets its width.
 html_sidebars = {
