@@ -1,4 +1,8 @@
-"""Self-attention over an image treated as a set of patch vectors (as a vision transformer does).
+"""
+Self-attention over image patches
+=================================
+
+An image treated as a set of patch vectors, as a vision transformer does.
 
 A synthetic 96x96 picture (sky, sun, house, grass) is cut into 8x8 patches: 144 vectors of
 8 * 8 * 3 = 192 numbers. A ``fastattn.MultiHeadAttention`` with hand-set weights (no
@@ -15,7 +19,8 @@ The figure shows the picture, the picture rebuilt from the layer's output (atten
 content-adaptive smoothing filter: regions flatten, edges stay), and for four query
 patches where they attend: to the patches that look alike, wherever they are.
 
-Run: python examples/image_patch_attention.py [output.png]   (default image_patch_attention.png)
+Run: ``python examples/image_patch_attention.py [output.png]``
+writes the figure to ``output.png`` (default: ``image_patch_attention.png``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Source-target attention in a toy translation: which English word does each French word look at?
+"""
+Cross-attention in a toy translation
+====================================
+
+Which English word does each French word look at?
 
 A 2-head cross-attention layer (``fastattn.MultiHeadAttention`` with ``kdim != embed_dim``)
 attends from the French target tokens to the English source tokens. Its weights are set by
@@ -14,7 +18,8 @@ hand, not trained, so the picture is easy to read:
   resolves the ambiguity, and handles the adjective-noun swap (black cat / chat noir) and
   one word becoming two (sat / s'est assis).
 
-Run: python examples/translation_alignment.py [output.png]   (default translation_alignment.png)
+Run: ``python examples/translation_alignment.py [output.png]``
+writes the figure to ``output.png`` (default: ``translation_alignment.png``).
 """
 
 from __future__ import annotations
