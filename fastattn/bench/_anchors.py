@@ -59,11 +59,16 @@ def runners(name: str, q, k, v, causal: bool, threads: int) -> list[Runner]:
     return (_ort_runners if name == "ort" else _openvino_runners)(q, k, v, causal, threads)
 
 
-def fastest(candidates: list[Runner], probe: Callable[[Callable[[], object]], float]
+def fastest(name: str, q, k, v, causal: bool, threads: int,
+            probe: Callable[[Callable[[], object]], float] | None = None
             ) -> tuple[Runner, dict[str, float]]:
-    """The variant with the least ``probe`` time (seconds per call), and every variant's."""
-    seconds = {r.op: probe(r.call) for r in candidates}
-    return min(candidates, key=lambda r: seconds[r.op]), seconds
+    """Engine ``name``'s variant with the least ``probe`` time (seconds per call; without a
+    probe, the first variant), and every variant's probed time."""
+    found = runners(name, q, k, v, causal, threads)
+    if probe is None or len(found) == 1:
+        return found[0], {}
+    seconds = {r.op: probe(r.call) for r in found}
+    return min(found, key=lambda r: seconds[r.op]), seconds
 
 
 def _bsd(a: np.ndarray) -> np.ndarray:

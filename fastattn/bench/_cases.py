@@ -305,9 +305,7 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
     for name in _anchors.ANCHORS:
         # float32 only: on float64 inputs both engines compute at float32 accuracy.
         if name in impls and dt == np.float32 and libs.engine(name) is not None:
-            variants = _anchors.runners(name, q, k, v, causal, libs.threads)
-            chosen, seconds = (_anchors.fastest(variants, probe) if probe and len(variants) > 1
-                               else (variants[0], {}))
+            chosen, seconds = _anchors.fastest(name, q, k, v, causal, libs.threads, probe)
             work.candidates[name], work.to_numpy[name] = chosen.call, chosen.to_numpy
             work.ops[name] = {"op": chosen.op, "probe_s": seconds}
 

@@ -96,7 +96,7 @@ def best_round(fn: Callable[[], object], calls: int, settle: float = 0.05,
     return _timed(fn, calls)
 
 
-def _probe(fn: Callable[[], object], method: Method) -> float:
+def probe_time(fn: Callable[[], object], method: Method) -> float:
     """A first estimate of one call's time: the least of a few back-to-back calls (a lone
     call after a pause also pays for waking the worker threads, up to milliseconds on a
     busy machine)."""
@@ -135,7 +135,7 @@ def measure(candidates: Mapping[str, Callable[[], object]], rounds: int | None =
         for name in names:  # first calls: thread pools, page faults, JIT compilation
             first_calls[name] = _timed(candidates[name], 1)
     probe = {name: first_calls[name] if first_calls[name] >= method.round_time
-             else _probe(candidates[name], method) for name in names}
+             else probe_time(candidates[name], method) for name in names}
     timing, planned, warm = {}, {}, {}
     for name, seconds in probe.items():
         seconds = max(seconds, 1e-7)

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import fastattn
 from fastattn._config import config
 from fastattn.bench._cases import DTYPES, IMPLS, Case, Libraries, build, grid
-from fastattn.bench._measure import Method, _probe, machine_limits, matmul_rate, measure
+from fastattn.bench._measure import (
+    Method,
+    machine_limits,
+    matmul_rate,
+    measure,
+    probe_time,
+)
 
 METHODS = {
     "smoke": Method(rounds=2, round_time=0.005, settle=0.001, budget=0.1, min_rounds=1),
@@ -158,7 +164,7 @@ def limits_line(limits: dict) -> str:
 
 def _measure_row(case: Case, dtype: str, libs, impls, method: Method, rate: float,
                  limits: dict, seed: int) -> dict:
-    work = build(case, dtype, libs, impls, seed, probe=lambda fn: _probe(fn, method))
+    work = build(case, dtype, libs, impls, seed, probe=lambda fn: probe_time(fn, method))
     errors, first = work.first_calls()  # also the candidates' warm-up calls
     timings = measure(work.candidates, method=method, first_calls=first)
     flops, moved = case.flops(), case.bytes(dtype)
