@@ -244,10 +244,10 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
     doc["elapsed_s"] = 1.0
     md = _report.markdown(doc, [], None)
     assert (f"FMA peak, same run: float32 **400.0 GFLOP/s**, float64 **200.0 GFLOP/s** "
-            f"(`fastattn._core.fma_peak`: the {lim['isa']} FMA-throughput kernel, 1 threads, "
+            f"(`fastattn._core.fma_peak`: the {lim['isa']} FMA-throughput kernel, 1 thread, "
             "0.01 s per dtype)") in md
     assert ("Read bandwidth, same run: **50.0 GB/s** (`fastattn._core.read_bandwidth`: "
-            "1 threads reading a 16 MiB buffer, 1 repeats)") in md
+            "1 thread reading a 16 MiB buffer, best of 1)") in md
     assert "| % peak | % matmul | GB/s (% bw) |" in md and "not measured" not in md
     fast = decode["results"]["fastattn"]
     assert (f"| {fast['gbytes_per_s']:.1f} ({fast['frac_bandwidth']:.0%}) |"
@@ -342,3 +342,12 @@ def test_engines_in_the_benchmark(tmp_path, engine):
                                                        row["results"]["fastattn"]["best_s"])
     md = (tmp_path / "out" / "report.md").read_text()
     assert f"| {engine} ms | vs {engine} |" in md and f"| {engine} (" in md
+
+
+def test_onnxruntime_without_onnx_says_what_to_install(monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if onnx were not installed
+    libs = _cases.Libraries(1, ("fastattn", "ort"))
+    assert libs.available() == ["fastattn"]
+    assert libs.notes == ["ONNX Runtime is installed but the onnx package that builds its "
+                          "models is not (pip install onnx): no ort column."]

@@ -115,16 +115,21 @@ def limits_lines(doc: dict) -> list[str]:
     else:
         rates = ", ".join(f"{d} **{g:.1f} GFLOP/s**" for d, g in peak.items())
         out.append(f"- FMA peak, same run: {rates} (`fastattn._core.fma_peak`: the "
-                   f"{lim['isa']} FMA-throughput kernel, {lim['threads']} threads, "
+                   f"{lim['isa']} FMA-throughput kernel, {_threads(lim)}, "
                    f"{lim['fma_seconds']:g} s per dtype).")
     if bw is None:
         out.append("- Read bandwidth: not measured (this build has no "
                    "`fastattn._core.read_bandwidth`), so *% bw* is empty.")
     else:
         out.append(f"- Read bandwidth, same run: **{bw:.1f} GB/s** "
-                   f"(`fastattn._core.read_bandwidth`: {lim['threads']} threads reading "
-                   f"a {_size(lim['read_nbytes'])} buffer, {lim['read_repeats']} repeats).")
+                   f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
+                   f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']}).")
     return out
+
+
+def _threads(lim: dict) -> str:
+    n = lim["threads"]
+    return f"{n} thread" + ("s" if n != 1 else "")
 
 
 def _size(nbytes: int) -> str:
