@@ -1,7 +1,8 @@
 """Shared pieces of the benchmark suite: implementations, flop counts, the summary table.
 
 Each benchmark group is one shape; every group holds fastattn, the NumPy formula a user
-would write (float32), and PyTorch's CPU SDPA when torch is installed. A "matmul" group
+would write (float32), and PyTorch's CPU SDPA, ONNX Runtime and OpenVINO (float32) when they
+are installed. A "matmul" group
 measures the machine's float32 matrix-multiply rate in the same run, so kernels are
 reported as a fraction of it. The summary printed at the end gives medians, GFLOP/s,
 % of that matmul rate and same-run speed-ups.
@@ -12,7 +13,13 @@ from __future__ import annotations
 import pytest
 
 import fastattn
-from fastattn.bench import attention_flops, numpy_sdpa  # noqa: F401 - the suite's baselines
+from fastattn.bench import (  # noqa: F401 - the suite's baselines
+    Method,
+    _anchors,
+    attention_flops,
+    numpy_sdpa,
+)
+from fastattn.bench._measure import probe_time
 
 _results: dict[str, dict[str, tuple[float, float]]] = {}  # group -> impl -> (median s, flops)
 
@@ -30,6 +37,21 @@ def record(benchmark):
         return result
 
     return run
+
+
+def engine_runner(name: str, q, k, v, causal: bool) -> _anchors.Runner:
+    """ONNX Runtime's (``"ort"``) or OpenVINO's fastest op for these inputs, built as
+    ``fastattn-bench`` builds it (outside the timing, fastattn's thread count); skips the
+    benchmark when the engine is not installed or the inputs are not float32."""
+    try:
+        _anchors.load(name)
+    except ImportError as exc:
+        pytest.skip(f"{exc} (pip install {_anchors.PACKAGES[name]})")
+    if q.dtype != "float32":
+        pytest.skip(f"{_anchors.NAMES[name]} computes float64 inputs at float32 accuracy")
+    runner, _ = _anchors.fastest(name, q, k, v, causal, fastattn.get_num_threads(),
+                                 probe=lambda fn: probe_time(fn, Method()))
+    return runner
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -50,7 +72,8 @@ def pytest_terminal_summary(terminalreporter):
             f"  float32 matmul rate (numpy a @ b, same run): {matmul_rate / 1e9:.1f} GFLOP/s"
         )
     tr.write_line("")
-    columns = ("median ms", "GFLOP/s", "% matmul", "vs numpy", "vs torch")
+    bases = ("numpy", "torch", *_anchors.ANCHORS)
+    columns = ("median ms", "GFLOP/s", "% matmul", *(f"vs {b}" for b in bases))
     header = f"{'group':44s} {'impl':10s} " + " ".join(f"{c:>9s}" for c in columns)
     tr.write_line(header)
     tr.write_line("-" * len(header))
@@ -62,12 +85,12 @@ def pytest_terminal_summary(terminalreporter):
             rate = flops / median
             frac = f"{rate / matmul_rate:9.0%}" if matmul_rate else f"{'-':>9s}"
             vs = []
-            for base in ("numpy", "torch"):
+            for base in bases:
                 if base in impls and impl != base:
                     vs.append(f"{impls[base][0] / median:8.2f}x")
                 else:
                     vs.append(f"{'-':>9s}")
             tr.write_line(
                 f"{group:44s} {impl:10s} {median * 1e3:9.2f} {rate / 1e9:9.1f} {frac} "
-                f"{vs[0]} {vs[1]}"
+                + " ".join(vs)
             )

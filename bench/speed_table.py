@@ -1,4 +1,5 @@
-"""The speed table of bench/README.md: fastattn vs PyTorch's CPU SDPA (and NumPy), same run.
+"""The speed table of bench/README.md: fastattn vs PyTorch's CPU SDPA, ONNX Runtime and
+OpenVINO (each when installed; and NumPy), same run.
 
     python bench/speed_table.py [--rounds 5] [--numpy] [--markdown]
 
@@ -18,12 +19,24 @@ import numpy as np
 
 import fastattn
 from fastattn import bench
-from fastattn.bench import numpy_sdpa
+from fastattn.bench import _anchors, numpy_sdpa
+from fastattn.bench._measure import probe_time
 
 try:
     import torch
 except ImportError:  # the table then has no torch column
     torch = None
+
+
+def _installed(name: str) -> bool:
+    try:
+        _anchors.load(name)
+    except ImportError:
+        return False
+    return True
+
+
+ENGINES = [name for name in _anchors.ANCHORS if _installed(name)]  # a column each
 
 # name: (B, Hq, Hkv, Lq, Lk, E, causal, dtype, target vs torch)
 SHAPES = {
@@ -65,6 +78,11 @@ def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
             tq, tk, tv, is_causal=causal, **kw)
     if with_numpy:
         cands["numpy"] = lambda: numpy_sdpa(q, k, v, causal)
+    if dtype == np.float32:  # the engines compute float64 inputs at float32 accuracy
+        for engine in ENGINES:  # its fastest op, built outside the timing
+            runner, _ = _anchors.fastest(engine, q, k, v, causal, fastattn.get_num_threads(),
+                                         probe=lambda fn: probe_time(fn, bench.Method()))
+            cands[engine] = runner.call
     t = measure(cands, rounds)
     visible = (sum(min(i + 1, lk) for i in range(lq)) / (lq * lk)) if causal else 1.0
     flops = 4.0 * b * hq * lq * lk * e * visible
@@ -74,6 +92,9 @@ def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
         row += f"{t['torch'] * 1e3:.2f} | {t['torch'] / t['fastattn']:.2f}x | "
     else:
         row += "- | - | "
+    for engine in ENGINES:
+        row += (f"{t[engine] * 1e3:.2f} | {t[engine] / t['fastattn']:.2f}x | " if engine in t
+                else "- | - | ")
     row += f"{f'>= {target:.1f}x' if target else '-'} |"
     if with_numpy:
         row += f" {t['numpy'] * 1e3:.2f} | {t['numpy'] / t['fastattn']:.1f}x |"
@@ -91,7 +112,8 @@ def main() -> None:
     fastattn.show_config()
     mm, _ = bench.matmul_rate(args.rounds)
     print(f"float32 matmul rate, same run: {mm / 1e9:.1f} GFLOP/s\n")
-    header = "| shape | fastattn ms | GFLOP/s | % matmul | torch ms | vs torch | target |"
+    header = "| shape | fastattn ms | GFLOP/s | % matmul | torch ms | vs torch | "
+    header += "".join(f"{e} ms | vs {e} | " for e in ENGINES) + "target |"
     if args.numpy:
         header += " numpy ms | vs numpy |"
     print(header)

@@ -1,4 +1,5 @@
-"""pytest-benchmark suite: fastattn vs the NumPy formula (and torch CPU SDPA if installed).
+"""pytest-benchmark suite: fastattn vs the NumPy formula (and torch CPU SDPA, ONNX Runtime and
+OpenVINO if installed).
 
 Run: python -m pytest bench   (see README). Every benchmark also checks its answer.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import attention_flops, numpy_sdpa  # bench/conftest.py
+from conftest import attention_flops, engine_runner, numpy_sdpa  # bench/conftest.py
 
 import fastattn
 
@@ -16,15 +17,20 @@ try:
 except ImportError:  # torch is optional: the groups then hold fastattn and numpy
     torch = None
 
-# (batch, query heads, kv heads, Lq, Lk, E, causal)
+# (batch, query heads, kv heads, Lq, Lk, E, causal): the shapes of the speed targets
 SHAPES = {
     "B1 H8 2048x2048 E64": (1, 8, 8, 2048, 2048, 64, False),
     "B1 H8 2048x2048 E64 causal": (1, 8, 8, 2048, 2048, 64, True),
     "B4 H12 512x512 E64 (BERT-base)": (4, 12, 12, 512, 512, 64, False),
+    "B4 H12 512x512 E64 (BERT-base) causal": (4, 12, 12, 512, 512, 64, True),
+    "B1 H32/8 1024x1024 E128 (GQA prefill)": (1, 32, 8, 1024, 1024, 128, False),
+    "B1 H32/8 1024x1024 E128 (GQA prefill) causal": (1, 32, 8, 1024, 1024, 128, True),
     "B32 H8 128x128 E64 (short seqs)": (32, 8, 8, 128, 128, 64, False),
+    "B32 H8 128x128 E64 (short seqs) causal": (32, 8, 8, 128, 128, 64, True),
     "B1 H32/8 1x4096 E128 (GQA decode)": (1, 32, 8, 1, 4096, 128, False),
+    "B1 H32/8 1x16384 E128 (GQA decode)": (1, 32, 8, 1, 16384, 128, False),
 }
-IMPLS = ["fastattn", "numpy", "torch"]
+IMPLS = ["fastattn", "numpy", "torch", "ort", "openvino"]
 
 
 def make_inputs(shape, dtype=np.float32, seed=0):
@@ -51,6 +57,10 @@ def test_sdpa(record, benchmark, name, impl):
     elif impl == "numpy":
         kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         out = record(impl, flops, numpy_sdpa, q, kk, vv, is_causal=causal)
+    elif impl in ("ort", "openvino"):
+        runner = engine_runner(impl, q, k, v, causal)  # built outside the timing
+        benchmark.extra_info["op"] = runner.op
+        out = runner.to_numpy(record(impl, flops, runner.call))
     else:
         if torch is None:
             pytest.skip("torch is not installed (pip install torch==2.13.0)")

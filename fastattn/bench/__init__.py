@@ -1,5 +1,6 @@
 """fastattn's benchmark: ``python -m fastattn.bench`` writes a report comparing fastattn with the
-NumPy formulas (and PyTorch's and JAX's CPU attention when installed) on this machine.
+NumPy formulas (and PyTorch's and JAX's CPU attention, ONNX Runtime and OpenVINO when installed)
+on this machine, beside the machine's FMA peak and read bandwidth.
 
     python -m fastattn.bench --quick --out bench-report     # under a minute
     python -m fastattn.bench --help

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import fastattn
+from fastattn.bench import _anchors
 from fastattn.bench._formulas import (
     attention_flops,
     numpy_additive,
@@ -18,7 +19,7 @@ from fastattn.bench._formulas import (
     numpy_sdpa,
 )
 
-IMPLS = ("fastattn", "numpy", "torch", "jax")
+IMPLS = ("fastattn", "numpy", "torch", "jax", *_anchors.ANCHORS)
 DTYPES = ("float32", "float64")
 PRESETS = ("smoke", "quick", "default", "full")
 _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes per check
@@ -63,6 +64,27 @@ class Case:
             return b * lq * lk * (3.0 * hidden + 2.0 * d)
         return 5.0 * float(np.prod(self.dims))
 
+    @property
+    def bound(self) -> str | None:
+        """What limits this case on a CPU: ``"compute"`` (attention with query rows to reuse
+        each key on), ``"memory"`` (decode: every K/V byte used once per query; masked
+        softmax: a few flops per element), None where the flop count is nominal (additive)."""
+        if self.kind == "sdpa":
+            return "memory" if self.dims[3] == 1 else "compute"
+        return "memory" if self.kind == "masked_softmax" else None
+
+    def bytes(self, dtype: str) -> float:
+        """Bytes one call must move at least: every input read and the output written once
+        (SDPA: Q, K, V and the output; masked softmax: the scores and the probabilities)."""
+        size = np.dtype(dtype).itemsize
+        if self.kind == "sdpa":
+            b, hq, hkv, lq, lk, e = self.dims
+            return float(size * b * (2 * hq * lq * e + 2 * hkv * lk * e))
+        if self.kind == "masked_softmax":
+            return float(size * 2 * np.prod(self.dims))
+        b, lq, lk, d, hidden = self.dims
+        return float(size * b * (lq + 2 * lk) * d)
+
 
 def sdpa_case(label: str, b: int, hq: int, hkv: int, lq: int, lk: int, e: int, *,
               causal: bool = False, tags: tuple[str, ...] = (), series: str | None = None,
@@ -94,18 +116,25 @@ def grid(preset: str) -> list[Case]:
     quick, full = preset == "quick", preset == "full"
     f32 = ("float32",)
     lengths = (256, 512, 1024) if quick else (256, 512, 1024, 2048, 4096) + ((8192,) * full)
+    # The default grid holds every shape of the speed targets, non-causal and causal.
     cases = [
         sdpa_case("encoder", 1 if quick else 4, 12, 12, 512, 512, 64, tags=("BERT-base",)),
+        sdpa_case("encoder causal", 1 if quick else 4, 12, 12, 512, 512, 64, causal=True,
+                  tags=("BERT-base",), dtypes=f32),
         *_sweep("self-attention", lengths, False, f32 if quick else DTYPES),
         *_sweep("causal", lengths, True, f32 if quick else DTYPES),
         sdpa_case("cross-attention", 2, 8, 8, 256, 2048 if quick else 4096, 64,
                   tags=("cross",), dtypes=f32 if quick else DTYPES),
         sdpa_case("GQA prefill", 1, 32, 8, *((512, 512) if quick else (1024, 1024)), 128,
-                  causal=True, tags=("gqa", "prefill"), dtypes=f32 if quick else DTYPES),
-        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 8192, 128,
+                  tags=("gqa", "prefill"), dtypes=f32),
+        sdpa_case("GQA prefill causal", 1, 32, 8, *((512, 512) if quick else (1024, 1024)),
+                  128, causal=True, tags=("gqa", "prefill"), dtypes=f32 if quick else DTYPES),
+        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 16384, 128,
                   tags=("gqa", "decode")),
         sdpa_case("short sequences", 16 if quick else 32, 8, 8, 128, 128, 64,
                   tags=("short", "batch"), dtypes=f32 if quick else DTYPES),
+        sdpa_case("short sequences causal", 16 if quick else 32, 8, 8, 128, 128, 64,
+                  causal=True, tags=("short", "batch"), dtypes=f32),
         Case("additive 2x 256x512 D64 H128", "additive", (2, 256, 512, 64, 128),
              tags=("bahdanau",), dtypes=f32 if quick else DTYPES),
         Case(f"masked_softmax {32 if quick else 64}x512x512 valid_lens", "masked_softmax",
@@ -128,6 +157,32 @@ class Libraries:
     def __init__(self, threads: int, wanted=IMPLS):
         self.threads, self.wanted, self.notes = threads, tuple(wanted), []
         self.versions = {"fastattn": fastattn.__version__, "numpy": np.__version__}
+        self._engines: dict[str, object] = {}
+
+    def engine(self, name: str):
+        """ONNX Runtime (``"ort"``) or OpenVINO's module when wanted and installed, else None."""
+        if name not in self.wanted:
+            return None
+        if name not in self._engines:
+            try:
+                module, version = _anchors.load(name)
+            except ImportError as exc:
+                module = None
+                why = str(exc) if "pip install" in str(exc) else \
+                    f"{_anchors.NAMES[name]} is not installed (pip install " \
+                    f"{_anchors.PACKAGES[name]})"
+                self.notes.append(f"{why}: no {name} column.")
+            else:
+                self.versions[name] = version
+                self.notes.append(
+                    ("ONNX Runtime ran with intra_op_num_threads = the threads used and "
+                     "inter_op_num_threads = 1" if name == "ort" else
+                     "OpenVINO's CPU plugin ran with INFERENCE_NUM_THREADS = the threads used "
+                     "and INFERENCE_PRECISION_HINT = f32") +
+                    "; it is timed on float32 rows only (it computes float64 inputs at "
+                    "float32 accuracy).")
+            self._engines[name] = module
+        return self._engines[name]
 
     @functools.cached_property
     def torch(self):
@@ -159,7 +214,8 @@ class Libraries:
 
     def available(self) -> list[str]:
         have = {"fastattn": True, "numpy": True, "torch": self.torch is not None,
-                "jax": self.jax is not None}
+                "jax": self.jax is not None,
+                **{name: self.engine(name) is not None for name in _anchors.ANCHORS}}
         return [name for name in IMPLS if name in self.wanted and have[name]]
 
 
@@ -171,6 +227,7 @@ class Workload:
     dtype: str
     candidates: dict[str, Callable[[], object]] = field(default_factory=dict)
     to_numpy: dict[str, Callable[[object], np.ndarray]] = field(default_factory=dict)
+    ops: dict[str, dict] = field(default_factory=dict)  # an engine's chosen op, its variants
     reference: Callable[[], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] | None = None
 
     def first_calls(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -193,14 +250,17 @@ def _rng_arrays(rng, dtype, *shapes):
     return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
 
-def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0) -> Workload:
+def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0,
+          probe: Callable[[Callable[[], object]], float] | None = None) -> Workload:
     """Inputs and candidates of ``case`` in ``dtype``, for the implementations in ``impls``
-    that can compute it (torch and JAX only have scaled dot-product attention)."""
+    that can compute it (torch, JAX, ONNX Runtime and OpenVINO only have scaled dot-product
+    attention). ``probe`` (seconds per call of a function) picks each engine's fastest op;
+    without it an engine runs its first one."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     work = Workload(case, dtype)
     if case.kind == "sdpa":
-        _build_sdpa(work, rng, dt, libs, impls)
+        _build_sdpa(work, rng, dt, libs, impls, probe)
     elif case.kind == "additive":
         _build_additive(work, rng, dt)
     elif case.kind == "masked_softmax":
@@ -211,7 +271,7 @@ def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0) -> Work
     return work
 
 
-def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
+def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
     b, hq, hkv, lq, lk, e = work.case.dims
     causal = work.case.causal
     q, k, v = _rng_arrays(rng, dt, (b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e))
@@ -242,6 +302,12 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
                       for a in (q, k, v))  # JAX's layout is (B, L, heads, E)
         work.candidates["jax"] = lambda: attend(jq, jk, jv).block_until_ready()
         work.to_numpy["jax"] = lambda a: np.swapaxes(np.asarray(a), 1, 2)
+    for name in _anchors.ANCHORS:
+        # float32 only: on float64 inputs both engines compute at float32 accuracy.
+        if name in impls and dt == np.float32 and libs.engine(name) is not None:
+            chosen, seconds = _anchors.fastest(name, q, k, v, causal, libs.threads, probe)
+            work.candidates[name], work.to_numpy[name] = chosen.call, chosen.to_numpy
+            work.ops[name] = {"op": chosen.op, "probe_s": seconds}
 
     def reference():
         # The first query rows of the first kv head's group (top-left causal rows keep

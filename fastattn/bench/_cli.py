@@ -10,10 +10,11 @@ from pathlib import Path
 from fastattn.bench._cases import DTYPES, IMPLS, grid
 
 DESCRIPTION = """\
-Benchmark fastattn against the NumPy formulas (and PyTorch's / JAX's CPU attention when they
-are installed) on this machine, over realistic shapes (encoder, long-context, cross-attention,
-GQA prefill and decode, causal, many short sequences, additive attention, masked softmax) in
-float32 and float64. Writes report.md, report.json and PNG plots into --out."""
+Benchmark fastattn against the NumPy formulas (and PyTorch's / JAX's CPU attention, ONNX
+Runtime and OpenVINO when they are installed) on this machine, over realistic shapes (encoder,
+long-context, cross-attention, GQA prefill and decode, causal, many short sequences, additive
+attention, masked softmax) in float32 and float64, beside the machine's FMA peak and read
+bandwidth measured in the same run. Writes report.md, report.json and PNG plots into --out."""
 
 EPILOG = """\
 presets: --quick (under a minute), default (a few minutes), --full (longer sequences, more
@@ -73,11 +74,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", type=_dtypes, default=DTYPES, metavar="DTYPE",
                    help="float32, float64 or both (default)")
     p.add_argument("--threads", type=_positive, default=None, metavar="N",
-                   help="threads for fastattn, PyTorch and NumPy's BLAS (default: "
+                   help="threads for fastattn, the baselines and NumPy's BLAS (default: "
                         "fastattn.get_num_threads())")
     p.add_argument("--impls", type=_csv(IMPLS), default=IMPLS, metavar="NAMES",
-                   help="implementations to compare, of fastattn,numpy,torch,jax (default: "
-                        "all that are installed; fastattn is always measured)")
+                   help="implementations to compare, of " + ",".join(IMPLS) + " (ort: ONNX "
+                        "Runtime, openvino: OpenVINO; default: all that are installed; "
+                        "fastattn is always measured)")
     p.add_argument("--rounds", type=_positive, default=None, metavar="N",
                    help="timed rounds per candidate (default: the preset's)")
     p.add_argument("--out", type=Path, default=Path("bench-report"), metavar="DIR",

@@ -96,7 +96,7 @@ def best_round(fn: Callable[[], object], calls: int, settle: float = 0.05,
     return _timed(fn, calls)
 
 
-def _probe(fn: Callable[[], object], method: Method) -> float:
+def probe_time(fn: Callable[[], object], method: Method) -> float:
     """A first estimate of one call's time: the least of a few back-to-back calls (a lone
     call after a pause also pays for waking the worker threads, up to milliseconds on a
     busy machine)."""
@@ -135,7 +135,7 @@ def measure(candidates: Mapping[str, Callable[[], object]], rounds: int | None =
         for name in names:  # first calls: thread pools, page faults, JIT compilation
             first_calls[name] = _timed(candidates[name], 1)
     probe = {name: first_calls[name] if first_calls[name] >= method.round_time
-             else _probe(candidates[name], method) for name in names}
+             else probe_time(candidates[name], method) for name in names}
     timing, planned, warm = {}, {}, {}
     for name, seconds in probe.items():
         seconds = max(seconds, 1e-7)
@@ -164,3 +164,22 @@ def matmul_rate(rounds: int | None = None, n: int = 2048, method: Method | None 
     a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
     t = measure({"matmul": lambda: a @ a}, rounds, method)["matmul"]
     return 2.0 * n**3 / t.best, t
+
+
+def machine_limits(dtypes, threads: int, fma_seconds: float = 0.2, read_nbytes: int = 1 << 30,
+                   read_repeats: int = 3) -> dict:
+    """The machine's limits measured now with fastattn's own probes, at ``threads`` threads:
+    the fused multiply-add peak of the active ISA per dtype (GFLOP/s) and the memory read
+    bandwidth (GB/s). A probe this build lacks gives None: the report then says so."""
+    from fastattn import _core
+
+    limits = {"isa": _core.active_isa(), "threads": threads, "fma_peak_gflops": None,
+              "fma_seconds": fma_seconds, "read_bandwidth_gbs": None,
+              "read_nbytes": read_nbytes, "read_repeats": read_repeats}
+    if hasattr(_core, "fma_peak"):
+        limits["fma_peak_gflops"] = {d: float(_core.fma_peak(d, threads, fma_seconds))
+                                     for d in dtypes}
+    if hasattr(_core, "read_bandwidth"):
+        limits["read_bandwidth_gbs"] = float(_core.read_bandwidth(read_nbytes, threads,
+                                                                  read_repeats))
+    return limits

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"fastattn": "#1f77b4", "numpy": "#ff7f0e", "torch": "#2ca02c", "jax": "#9467bd"}
+COLORS = {"fastattn": "#1f77b4", "numpy": "#ff7f0e", "torch": "#2ca02c", "jax": "#9467bd",
+          "ort": "#d62728", "openvino": "#8c564b"}
 STYLES = {"float32": ("-", "o"), "float64": ("--", "s")}
 
 
@@ -75,7 +76,7 @@ def speedups(doc: dict, path: Path) -> bool:
     rows = [r for r in doc["rows"] if r["speedup"]]
     if not rows:
         return False
-    bases = [b for b in ("numpy", "torch", "jax") if any(b in r["speedup"] for r in rows)]
+    bases = [b for b in COLORS if b != "fastattn" and any(b in r["speedup"] for r in rows)]
     dtypes = [d for d in STYLES if any(r["dtype"] == d for r in rows)]
     cases = list(dict.fromkeys(r["case"] for r in rows))
     speed = {(r["case"], r["dtype"]): r["speedup"] for r in rows}

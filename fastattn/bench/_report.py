@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fastattn.bench._anchors import ORT_OPSET
 from fastattn.bench._cases import IMPLS
 from fastattn.bench._run import format_ms
 
-BASELINES = ("numpy", "torch", "jax")
+BASELINES = ("numpy", "torch", "jax", "ort", "openvino")
 
 
 def _err(x: float | None) -> str:
@@ -17,20 +18,34 @@ def _err(x: float | None) -> str:
     return "0" if x == 0 else f"{x:.0e}"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _bandwidth(row: dict, r: dict) -> str:
+    """GB/s moved and the share of the read bandwidth, on memory-bound rows only."""
+    if row.get("bound") != "memory":
+        return "-"
+    frac = r.get("frac_bandwidth")
+    return f"{r['gbytes_per_s']:.1f}" + (f" ({frac:.0%})" if frac is not None else "")
+
+
 def _impls(doc: dict) -> list[str]:
     seen = {name for row in doc["rows"] for name in row["results"]}
     return [name for name in IMPLS if name in seen]
 
 
 def summary_table(doc: dict, dtype: str) -> str:
-    """One line per case: fastattn's time, rate and share of the matmul rate, each
-    baseline's time and fastattn's speed-up over it, and every implementation's max error."""
+    """One line per case: fastattn's time, rate, share of the FMA peak (compute-bound rows)
+    and of the matmul rate, bytes per second and share of the read bandwidth (memory-bound
+    rows), each baseline's time and fastattn's speed-up over it, and every implementation's
+    max error."""
     rows = [r for r in doc["rows"] if r["dtype"] == dtype]
     if not rows:
         return ""
     impls = _impls(doc)
     bases = [b for b in BASELINES if b in impls]
-    header = ["case", "fastattn ms", "GFLOP/s", "% matmul"]
+    header = ["case", "fastattn ms", "GFLOP/s", "% peak", "% matmul", "GB/s (% bw)"]
     for b in bases:
         header += [f"{b} ms", f"vs {b}"]
     header.append("max abs error (" + " / ".join(impls) + ")")
@@ -39,7 +54,8 @@ def summary_table(doc: dict, dtype: str) -> str:
         res = row["results"]
         fast = res["fastattn"]
         cells = [row["case"], f"{format_ms(fast['best_s'])} (+{fast['spread']:.0%})",
-                 f"{fast['gflops']:.1f}", f"{fast['frac_matmul']:.0%}"]
+                 f"{fast['gflops']:.1f}", _pct(fast.get("frac_peak")),
+                 f"{fast['frac_matmul']:.0%}", _bandwidth(row, fast)]
         for b in bases:
             if b in res:
                 cells += [format_ms(res[b]["best_s"]), f"**{row['speedup'][b]:.2f}x**"]
@@ -52,17 +68,20 @@ def summary_table(doc: dict, dtype: str) -> str:
 
 
 def detail_table(doc: dict) -> str:
-    """Every implementation of every row: best and median time, spread, rounds x calls."""
+    """Every implementation of every row: best and median time, spread, rounds x calls, the
+    rates, and the op an engine ran (its fastest for the row)."""
     header = ["case", "dtype", "impl", "best ms", "median ms", "spread", "rounds x calls",
-              "GFLOP/s", "% matmul", "max abs error"]
+              "GFLOP/s", "% peak", "% matmul", "GB/s (% bw)", "max abs error"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in doc["rows"]:
         for name, r in row["results"].items():
+            impl = f"{name} ({r['op']})" if "op" in r else name
             lines.append("| " + " | ".join([
-                row["case"], row["dtype"], name, format_ms(r["best_s"]),
+                row["case"], row["dtype"], impl, format_ms(r["best_s"]),
                 format_ms(r["median_s"]), f"+{r['spread']:.1%}",
                 f"{r['rounds']} x {r['calls_per_round']}", f"{r['gflops']:.1f}",
-                f"{r['frac_matmul']:.0%}", _err(r["max_abs_err"])]) + " |")
+                _pct(r.get("frac_peak")), f"{r['frac_matmul']:.0%}", _bandwidth(row, r),
+                _err(r["max_abs_err"])]) + " |")
     return "\n".join(lines)
 
 
@@ -77,7 +96,47 @@ def versions_line(doc: dict) -> str:
     parts = [f"fastattn {v['fastattn']}", f"NumPy {v['numpy']}"]
     parts += [f"PyTorch {v['torch']}"] if "torch" in v else []
     parts += [f"JAX {v['jax']}"] if "jax" in v else []
+    parts += [f"ONNX Runtime {v['ort']}"] if "ort" in v else []
+    parts += [f"OpenVINO {v['openvino']}"] if "openvino" in v else []
     return ", ".join(parts)
+
+
+def limits_lines(doc: dict) -> list[str]:
+    """What the machine's limits are and how they were measured (or that they were not)."""
+    lim = doc.get("limits") or {}
+    peak, bw = lim.get("fma_peak_gflops"), lim.get("read_bandwidth_gbs")
+    if peak is None and bw is None:
+        return ["- Machine limits: not measured (this build has no probes: `fastattn._core` "
+                "has no `fma_peak` / `read_bandwidth`), so *% peak* and *% bw* are empty."]
+    out = []
+    if peak is None:
+        out.append("- FMA peak: not measured (this build has no `fastattn._core.fma_peak`), "
+                   "so *% peak* is empty.")
+    else:
+        rates = ", ".join(f"{d} **{g:.1f} GFLOP/s**" for d, g in peak.items())
+        out.append(f"- FMA peak, same run: {rates} (`fastattn._core.fma_peak`: the "
+                   f"{lim['isa']} FMA-throughput kernel, {_threads(lim)}, "
+                   f"{lim['fma_seconds']:g} s per dtype).")
+    if bw is None:
+        out.append("- Read bandwidth: not measured (this build has no "
+                   "`fastattn._core.read_bandwidth`), so *% bw* is empty.")
+    else:
+        out.append(f"- Read bandwidth, same run: **{bw:.1f} GB/s** "
+                   f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
+                   f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']}).")
+    return out
+
+
+def _threads(lim: dict) -> str:
+    n = lim["threads"]
+    return f"{n} thread" + ("s" if n != 1 else "")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} bytes"
 
 
 METHOD = """\
@@ -89,9 +148,15 @@ METHOD = """\
   best times from the same run: `vs torch 1.5x` means fastattn took 1/1.5 of torch's time.
 - **Rate.** GFLOP/s counts 4·B·Hq·Lq·Lk·E for attention (Q·Kᵀ and P·V; times the kept fraction
   under a causal mask), B·Lq·Lk·(3·hidden + 2·D) for additive attention and 5 per element for
-  masked softmax (nominal counts: compare the speed-ups there). *% matmul* divides it by the
-  float32 matrix-multiply rate of NumPy's `a @ b` ({mm_n}x{mm_n}) measured at the start of
-  this run with the same threads: attention cannot beat that rate by much.
+  masked softmax (nominal counts: compare the speed-ups there). *% peak* divides it, on the
+  compute-bound rows (attention with more than one query row), by the FMA peak of the row's
+  dtype measured at the start of this run with the same threads (see above): the machine's
+  ceiling. *% matmul* divides it by the float32 matrix-multiply rate of NumPy's `a @ b`
+  ({mm_n}x{mm_n}) measured the same way: a second yardstick, the BLAS a NumPy user has.
+- **Bandwidth.** On the memory-bound rows (decode, masked softmax) *GB/s* counts the bytes a
+  call must move at least (every input read and the output written once: Q, K, V and the
+  output; the scores and the probabilities) per second, and *% bw* divides it by the read
+  bandwidth measured at the start of this run.
 - **Error.** The max absolute difference of each implementation's answer from
   `fastattn.reference` computed in float64, on the first rows of the first key/value head's
   query group of batch entry 0 (at most about 4M scores per check).
@@ -101,8 +166,21 @@ METHOD = """\
   `torch.nn.functional.scaled_dot_product_attention` on 4-D CPU tensors made with
   `torch.from_numpy` (no copy), `enable_gqa=True` for GQA, `torch.set_num_threads` = the
   threads used. *jax*: `jax.nn.dot_product_attention`, jitted, on (B, L, heads, E) arrays
-  transposed outside the timing, `block_until_ready()` inside it. torch and JAX have no
-  additive attention or masked softmax, so those rows compare with NumPy only.
+  transposed outside the timing, `block_until_ready()` inside it. *ort*: ONNX Runtime's CPU
+  provider on a one-node model built with `onnx.helper`, the fastest of the ops that can
+  compute the row (the detail table names it): the standard ONNX `Attention` (opset
+  {ort_opset}, (B, H, L, E) inputs, GQA native), `com.microsoft` `MultiHeadAttention` (equal
+  head counts) and `GroupQueryAttention` (causal prefill, and decode appending the new token
+  to a KV cache bound as both past and present key/value: one shared buffer);
+  `intra_op_num_threads` = the threads used, `inter_op_num_threads` = 1. *openvino*:
+  `opset13.scaled_dot_product_attention` compiled for `CPU` with
+  `INFERENCE_PRECISION_HINT=f32` (else it runs bfloat16 on CPUs that have it) and
+  `INFERENCE_NUM_THREADS` = the threads used; GQA with K/V broadcast over a group axis (no
+  repeated copies) or, non-causal, the group's query rows stacked, whichever is faster. Both
+  engines are built and compiled once per shape and their inputs laid out for the op outside
+  the timing, and they run float32 rows only (they compute float64 inputs at float32
+  accuracy). torch, JAX and the engines have no additive attention or masked softmax, so
+  those rows compare with NumPy only.
 """
 
 
@@ -115,6 +193,7 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
         f"{doc['elapsed_s']:.0f} s.",
         "",
         f"- Machine: {machine_line(doc)}.",
+        *limits_lines(doc),
         f"- float32 matmul rate, same run: **{mm['gflops']:.1f} GFLOP/s** "
         f"(NumPy `a @ b`, {mm['n']}x{mm['n']}, spread +{mm['spread']:.0%}).",
         f"- Compared: {versions_line(doc)}.",
@@ -134,7 +213,7 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
     if doc["notes"]:
         out += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]] + [""]
     out += ["## Method", "", METHOD.format(description=doc["method"]["description"],
-                                           mm_n=mm["n"]).rstrip(), ""]
+                                           mm_n=mm["n"], ort_opset=ORT_OPSET).rstrip(), ""]
     out += ["## Configuration (`fastattn.show_config()`)", "", "```text"]
     out += [f"{k}: {v}" for k, v in doc["config"].items()] + ["```", ""]
     out += ["## Every measurement", "", detail_table(doc), ""]

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 import fastattn
 from fastattn._config import config
 from fastattn.bench._cases import DTYPES, IMPLS, Case, Libraries, build, grid
-from fastattn.bench._measure import Method, matmul_rate, measure
+from fastattn.bench._measure import (
+    Method,
+    machine_limits,
+    matmul_rate,
+    measure,
+    probe_time,
+)
 
 METHODS = {
     "smoke": Method(rounds=2, round_time=0.005, settle=0.001, budget=0.1, min_rounds=1),
@@ -23,6 +29,10 @@ METHODS = {
     "full": Method(rounds=7, round_time=0.3, settle=0.1, budget=10.0),
 }
 MATMUL_SIZE = {"smoke": 256, "quick": 1024, "default": 2048, "full": 2048}
+# machine_limits' knobs: seconds of FMA per dtype, bytes read (well past the last-level
+# cache), repeats of the read
+LIMITS = {"smoke": (0.01, 1 << 24, 1), "quick": (0.1, 1 << 28, 3),
+          "default": (0.2, 1 << 30, 3), "full": (0.3, 1 << 30, 5)}
 
 
 @dataclass
@@ -117,9 +127,13 @@ def run(settings: Settings, progress=_progress) -> dict:
                          "dtype": "float32", **mm.as_dict()}
         progress(f"float32 matmul rate (NumPy a @ b, n={MATMUL_SIZE[settings.preset]}): "
                  f"{rate / 1e9:.1f} GFLOP/s (spread {mm.spread:.0%})")
+        limits = machine_limits(sorted({d for _, d in rows}), threads,
+                                *LIMITS[settings.preset])
+        doc["limits"] = limits
+        progress(limits_line(limits))
         for i, (case, dtype) in enumerate(rows, 1):
             progress(f"[{i:{len(str(len(rows)))}d}/{len(rows)}] {case.name} {dtype} ...", end="")
-            row = _measure_row(case, dtype, libs, impls, method, rate, settings.seed)
+            row = _measure_row(case, dtype, libs, impls, method, rate, limits, settings.seed)
             doc["rows"].append(row)
             progress(" " + _row_summary(row) + f"  [{_clock(time.perf_counter() - started)}]")
     notes.extend(libs.notes)
@@ -135,22 +149,44 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def limits_line(limits: dict) -> str:
+    """The machine's limits in one line, or the sentence saying they were not measured."""
+    peak, bw = limits["fma_peak_gflops"], limits["read_bandwidth_gbs"]
+    if peak is None and bw is None:
+        return "machine limits not measured (this build has no probes)"
+    parts = [f"{d} FMA peak {g:.1f} GFLOP/s" for d, g in (peak or {}).items()] or \
+        ["FMA peak not measured (this build has no fma_peak probe)"]
+    parts.append(f"read bandwidth {bw:.1f} GB/s" if bw is not None else
+                 "read bandwidth not measured (this build has no read_bandwidth probe)")
+    return (f"machine limits ({limits['isa']}, {limits['threads']} threads): "
+            + ", ".join(parts))
+
+
 def _measure_row(case: Case, dtype: str, libs, impls, method: Method, rate: float,
-                 seed: int) -> dict:
-    work = build(case, dtype, libs, impls, seed)
+                 limits: dict, seed: int) -> dict:
+    work = build(case, dtype, libs, impls, seed, probe=lambda fn: probe_time(fn, method))
     errors, first = work.first_calls()  # also the candidates' warm-up calls
     timings = measure(work.candidates, method=method, first_calls=first)
-    flops = case.flops()
+    flops, moved = case.flops(), case.bytes(dtype)
+    peak = (limits["fma_peak_gflops"] or {}).get(dtype) if case.bound == "compute" else None
+    bw = limits["read_bandwidth_gbs"] if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():
         results[name] = {**t.as_dict(), "gflops": flops / t.best / 1e9,
                          "frac_matmul": flops / t.best / rate, "max_abs_err": errors[name]}
+        # The share of the machine's limit for what bounds this case (None: not measured
+        # or not the bound).
+        results[name]["frac_peak"] = flops / t.best / 1e9 / peak if peak else None
+        results[name]["gbytes_per_s"] = moved / t.best / 1e9
+        results[name]["frac_bandwidth"] = moved / t.best / 1e9 / bw if bw else None
+        results[name].update(work.ops.get(name, {}))
     fast = timings["fastattn"].best
     del work
     gc.collect()
     return {"case": case.name, "kind": case.kind, "dims": list(case.dims),
             "causal": case.causal, "tags": list(case.tags), "series": case.series,
-            "seq_len": case.seq_len, "dtype": dtype, "flops": flops, "results": results,
+            "seq_len": case.seq_len, "dtype": dtype, "flops": flops, "bytes": moved,
+            "bound": case.bound, "results": results,
             "speedup": {name: t.best / fast for name, t in timings.items()
                         if name != "fastattn"}}
 
