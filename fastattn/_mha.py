@@ -3,207 +3,28 @@
 The projections are NumPy matmuls (BLAS); the heads are strided views of the projected
 arrays, fed straight to :func:`fastattn.scaled_dot_product_attention`, which writes its
 result into a ``(B, L, H, D)`` buffer that the output projection reads as ``(B, L, E)``.
-So Q/K/V are never copied after they are projected. The checks shared with
-:func:`fastattn.reference.multi_head_attention` live here too.
+So Q/K/V are never copied after they are projected. The layer's checks, shared with
+:func:`fastattn.reference.multi_head_attention`, are in :mod:`fastattn._validation`.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
+from fastattn._compute import average_heads, split_heads
 from fastattn._sdpa import scaled_dot_product_attention
-from fastattn._validate import check_flag, float_array
-
-_LAYER_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
-# --------------------------------------------------------------------------------------
-# Checks shared by the layer and its reference twin
-
-
-def check_size(value: object, name: str, *, minimum: int = 1) -> int:
-    """An int >= ``minimum`` (bools refused)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}") from None
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def check_layer_dtype(dtype: object) -> np.dtype:
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from None
-    if dt not in _LAYER_DTYPES:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
-    return dt
-
-
-def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
-    """The head size ``embed_dim // num_heads``, after checking that the heads divide."""
-    if embed_dim % num_heads:
-        raise ValueError(
-            f"num_heads={num_heads} does not divide embed_dim={embed_dim}: each head gets "
-            "embed_dim // num_heads features"
-        )
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: query head h "
-            "reads key/value head h // (num_heads // num_kv_heads)"
-        )
-    return embed_dim // num_heads
-
-
-def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
-    """A ``(B, L, features)`` or ``(L, features)`` float array."""
-    a = float_array(x, name)
-    if a.ndim > 3 or a.shape[-1] != features:
-        raise ValueError(
-            f"{name} must have shape (B, L, {features}) or (L, {features}) "
-            f"({feature_name}={features}), got shape {a.shape}"
-        )
-    return a
-
-
-def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
-    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
-    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
-    q = sequence_input(query, "query", embed_dim, "embed_dim")
-    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
-    if key is None and q.shape[-1] != kdim:
-        raise ValueError(
-            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
-            "pass key explicitly"
-        )
-    if value is None:
-        v = k
-        if k.shape[-1] != vdim:
-            raise ValueError(
-                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
-                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
-            )
-    else:
-        v = sequence_input(value, "value", vdim, "vdim")
-    for name, a in (("key", k), ("value", v)):
-        if a.ndim != q.ndim:
-            raise ValueError(
-                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
-                "(B, L, features) or both unbatched (L, features)"
-            )
-        if q.ndim == 3 and a.shape[0] != q.shape[0]:
-            raise ValueError(
-                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
-                f"({name} {a.shape}, query {q.shape})"
-            )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
-            f"(key {k.shape}, value {v.shape})"
-        )
-    batched = q.ndim == 3
-    if not batched:
-        q, k, v = q[None], k[None], v[None]
-    return q, k, v, batched
-
-
-def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
-    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
-    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
-    if valid_lens is None:
-        return None
-    vl = np.asarray(valid_lens)
-    if vl.dtype.kind not in "iu":
-        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
-    rows = (batch, num_q) if batched else (num_q,)
-    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
-        forms = "(B,) for one length per sequence or (B, Lq) for one per query" if batched \
-            else "() for one length or (Lq,) for one per query"
-        raise ValueError(
-            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
-            f"expected {forms} (size-1 axes broadcast)"
-        )
-    if not batched:
-        vl = vl[None] if vl.ndim else vl
-    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
-        vl = vl[:, None, :]
-    return vl
-
-
-def check_unbatched_mask(attn_mask: object, batched: bool):
-    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
-    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
-        raise ValueError(
-            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
-            "unbatched call (H, Lq, Lk)"
-        )
-    return attn_mask
-
-
-def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias,
-                       v_bias, out_bias):
-    """The functional form's weights checked: ``(num_kv_heads, [(weight, bias)] * 4)`` with
-    ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``, ``v_weight (Hkv * D, vdim)``,
-    ``out_weight (E, E)``, ``D = E // num_heads``; each bias ``(out_features,)`` or None."""
-    heads = check_size(num_heads, "num_heads")
-    pairs = []
-    for name, w, b in (("q", q_weight, q_bias), ("k", k_weight, k_bias),
-                       ("v", v_weight, v_bias), ("out", out_weight, out_bias)):
-        w = float_array(w, f"{name}_weight")
-        if w.ndim != 2:
-            raise ValueError(
-                f"{name}_weight must be 2-D (out_features, in_features), got shape {w.shape}"
-            )
-        if b is not None:
-            b = float_array(b, f"{name}_bias", min_ndim=1)
-            if b.shape != w.shape[:1]:
-                raise ValueError(
-                    f"{name}_bias must have shape {w.shape[:1]} (out_features of "
-                    f"{name}_weight {w.shape}), got {b.shape}"
-                )
-        pairs.append((w, b))
-    (wq, _), (wk, _), (wv, _), (wo, _) = pairs
-    e = wq.shape[1]
-    for name, w in (("q_weight", wq), ("out_weight", wo)):
-        if w.shape != (e, e):
-            raise ValueError(
-                f"{name} must have shape (E, E) = {(e, e)} (E from q_weight's in_features), "
-                f"got {w.shape}"
-            )
-    head_dim = check_head_split(e, heads, 1)
-    if wk.shape[0] % head_dim or wk.shape[0] == 0:
-        raise ValueError(
-            f"k_weight has {wk.shape[0]} out_features, not a positive multiple of the head "
-            f"size {head_dim} (E={e} // num_heads={heads})"
-        )
-    if wv.shape[0] != wk.shape[0]:
-        raise ValueError(
-            f"v_weight has {wv.shape[0]} out_features but k_weight has {wk.shape[0]}: "
-            "they must match (num_kv_heads * head_dim)"
-        )
-    num_kv = wk.shape[0] // head_dim
-    check_head_split(e, heads, num_kv)
-    return num_kv, pairs
-
-
-def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """``(B, L, H * D)`` -> ``(B, H, L, D)`` as a strided view (last axis stays unit-stride)."""
-    b, length, features = x.shape
-    return x.reshape(b, length, num_heads, features // num_heads).swapaxes(1, 2)
-
-
-def average_heads(weights: np.ndarray) -> np.ndarray:
-    """Mean over the head axis (-3), accumulated in at least float32."""
-    acc = np.promote_types(weights.dtype, np.float32)
-    return weights.mean(axis=-3, dtype=acc).astype(weights.dtype, copy=False)
-
+from fastattn._validation import (
+    check_flag,
+    check_head_split,
+    check_layer_dtype,
+    check_size,
+    check_unbatched_mask,
+    float_array,
+    head_valid_lens,
+    layer_inputs,
+)
 
 # --------------------------------------------------------------------------------------
 # The layer

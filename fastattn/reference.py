@@ -1,9 +1,10 @@
 """Plain-NumPy twins of fastattn's functions: the oracle for the tests.
 
 Same signatures as the fast functions, computed in float64 with whole score matrices,
-written for clarity rather than speed. These define the semantics (``DESIGN.md`` §2): the
-fast path must match them. Arguments are checked by the same validation layer, so bad
-input raises the same errors here.
+written for clarity rather than speed. They define the semantics written down in
+``docs/semantics.md``: the fast path must match them. Arguments are checked by the same
+validation layer (:mod:`fastattn._validation`), so bad input raises the same errors here,
+and masks reach the twins through the same preparation (:mod:`fastattn._prepare`).
 """
 
 from __future__ import annotations
@@ -11,26 +12,21 @@ from __future__ import annotations
 import numpy as np
 
 from fastattn import _threads
-from fastattn._mha import (
-    average_heads,
+from fastattn._compute import average_heads, split_heads, unit_rows
+from fastattn._prepare import attention_masks, softmax_masks, to_batch
+from fastattn._validation import (
+    additive_args,
+    attention_spec,
+    check_flag,
+    check_out,
     check_unbatched_mask,
     head_valid_lens,
     layer_inputs,
+    masked_softmax_args,
     projection_weights,
-    split_heads,
-)
-from fastattn._validate import (
-    check_flag,
-    check_out,
+    regression_args,
     result_dtypes,
     sdpa_args,
-)
-from fastattn._validate_family import (
-    additive_args,
-    attention_spec,
-    masked_softmax_args,
-    regression_args,
-    unit_rows,
 )
 
 __all__ = [
@@ -113,35 +109,17 @@ def scaled_dot_product_attention(
                   {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
                    "valid_lens": valid_lens})
 
-    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
-    group = q.shape[-3] // k.shape[-3] if k.shape[-3] else 1  # zero heads: nothing to repeat
-    k = np.repeat(k, group, axis=-3)  # query head h reads kv head h // group
-    v = np.repeat(v, group, axis=-3)
-    num_q, num_k = q.shape[-2], k.shape[-2]
-
+    q, k, v = _full_qkv(args)
+    _, float_mask, _ = attention_masks(args)
     with np.errstate(invalid="ignore", over="ignore"):
         scores = (q @ np.swapaxes(k, -1, -2)) * args.scale
         if args.softcap is not None:
             scores = args.softcap * np.tanh(scores / args.softcap)
-        if args.float_mask is not None:
-            scores = scores + args.float_mask.astype(np.float64)
+        if float_mask is not None:
+            scores = scores + float_mask.astype(np.float64)
 
-    allowed = np.broadcast_to(
-        _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
-        args.full_scores_shape)
-    if args.valid_lens is not None:
-        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
-    if args.bool_mask is not None:
-        allowed = allowed & args.bool_mask
-
-    weights, lse = _softmax_rows(scores, allowed)
-    if np.isfinite(v).all():
-        output = weights @ v
-    else:  # values of keys a row does not attend must not reach it (0 * NaN = NaN)
-        with np.errstate(invalid="ignore", over="ignore"):
-            w = weights[..., None]
-            terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
-            output = terms.sum(axis=-2)  # inf + -inf = NaN
+    weights, lse = _softmax_rows(scores, _allowed(args, q.shape[-2], k.shape[-2]))
+    output = _weighted_values(weights, v)  # keys a row does not attend never reach it
 
     output = output.reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
@@ -173,11 +151,12 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     _threads.resolve(num_threads)
     ax = args.axis
     moved = np.moveaxis(args.x, ax, -1).astype(np.float64)
+    keep, lens = softmax_masks(args)
     allowed = np.ones(moved.shape, dtype=bool)
-    if args.valid_lens is not None:
-        allowed &= np.arange(moved.shape[-1]) < args.valid_lens[..., None]
-    if args.mask is not None:
-        allowed &= np.moveaxis(args.mask, ax, -1)
+    if lens is not None:
+        allowed &= np.arange(moved.shape[-1]) < lens[..., None]
+    if keep is not None:
+        allowed &= np.moveaxis(keep, ax, -1)
     weights, _ = _softmax_rows(moved, allowed)
     weights = np.moveaxis(weights, -1, ax).astype(args.result_dtype)
     if out is not None:
@@ -255,13 +234,14 @@ def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_
 
 def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
     """Full-shape bool: causal/window, valid_lens and the bool mask, ANDed."""
+    bool_mask, _, lens = attention_masks(args)
     allowed = np.broadcast_to(
         _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
         args.full_scores_shape)
-    if args.valid_lens is not None:
-        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
-    if args.bool_mask is not None:
-        allowed = allowed & args.bool_mask
+    if lens is not None:
+        allowed = allowed & (np.arange(num_k) < lens[..., None])
+    if bool_mask is not None:
+        allowed = allowed & bool_mask
     return allowed
 
 
@@ -312,9 +292,10 @@ def _additive_scores(q: np.ndarray, k: np.ndarray, ws) -> np.ndarray:
 def _family_result(args, scores, normalize, top_k, v, want_weights, out):
     """Masks, normaliser, weighted values, dtype and out= handling shared by the twins."""
     num_q, num_k = scores.shape[-2], scores.shape[-1]
-    if args.float_mask is not None:
+    _, float_mask, _ = attention_masks(args)
+    if float_mask is not None:
         with np.errstate(invalid="ignore", over="ignore"):
-            scores = scores + args.float_mask.astype(np.float64)
+            scores = scores + float_mask.astype(np.float64)
     weights = _normalize_rows(scores, _allowed(args, num_q, num_k), normalize, top_k)
     output = _weighted_values(weights, v).reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
@@ -327,8 +308,9 @@ def _family_result(args, scores, normalize, top_k, v, want_weights, out):
 
 def _full_qkv(args):
     """q, k, v in float64, broadcast to the batch, kv heads repeated for each query head."""
-    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
-    group = q.shape[-3] // max(k.shape[-3], 1)
+    q, k, v = (to_batch(a, args.batch).astype(np.float64)
+               for a in (args.query, args.key, args.value))
+    group = q.shape[-3] // max(k.shape[-3], 1)  # zero heads: nothing to repeat
     return q, np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
 
 
@@ -421,7 +403,7 @@ def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1
     if out is not None:
         check_out(out, ra.out_shape, ra.result_dtype,
                   {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
-    xq, xk, y = (np.broadcast_to(a, ra.batch + a.shape[-2:]).astype(np.float64)
+    xq, xk, y = (to_batch(a, ra.batch, 2).astype(np.float64)
                  for a in (ra.x_query, ra.x_keys, ra.y_values))
     h = ra.bandwidth[..., None, None]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

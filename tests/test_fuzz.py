@@ -65,12 +65,13 @@ from reliability_checks import (
 
 import fastattn
 from fastattn import reference
-from fastattn._validate import result_dtypes, sdpa_args
-from fastattn._validate_family import (
+from fastattn._compute import silverman_bandwidth
+from fastattn._validation import (
     additive_args,
     attention_spec,
     regression_args,
-    silverman_bandwidth,
+    result_dtypes,
+    sdpa_args,
 )
 
 EXAMPLES = int(os.environ.get("FASTATTN_FUZZ_EXAMPLES", "25"))
