@@ -11,6 +11,8 @@ them as dot products.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
@@ -39,8 +41,19 @@ from fastattn._validation import (
     regression_args,
 )
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
-def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
+
+def masked_softmax(
+    x: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    *,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating]:
     """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
 
     d2l's ``masked_softmax``, generalised, computed by one vectorised pass per row (read
@@ -136,9 +149,23 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     return attention_result(args, out, result, in_place, None, weights)
 
 
-def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
-                       is_causal=False, causal_alignment="top_left", window=None,
-                       return_weights=False, out=None, num_threads=None):
+def additive_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Additive (Bahdanau) attention: ``softmax(w_v . tanh(q W_q + k W_k) + mask) v``.
 
     ``score[i, j] = w_v . tanh(query[i] @ w_q + key[j] @ w_k)``, no scaling (d2l's
@@ -243,11 +270,31 @@ def _dot_operands(spec, threads):
     return to_batch(q, args.batch), to_batch(k, args.batch), bool_mask, float_mask, lens
 
 
-def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normalize="softmax",
-              scale=None, weight=None, temperature=None, bandwidth=None, w_q=None, w_k=None,
-              w_v=None, top_k=None, valid_lens=None, is_causal=False,
-              causal_alignment="top_left", window=None, return_weights=False, out=None,
-              num_threads=None):
+def attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
+                   "additive"] = "scaled_dot",
+    normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
+    scale: float | None = None,
+    weight: ArrayLike | None = None,
+    temperature: float | None = None,
+    bandwidth: float | None = None,
+    w_q: ArrayLike | None = None,
+    w_k: ArrayLike | None = None,
+    w_v: ArrayLike | None = None,
+    top_k: int | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Attention in its general form, ``Normalize(F(q, K)) V``, with a choice of F and
     Normalize.
 
@@ -352,8 +399,17 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
 # Kernel regression
 
 
-def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1.0,
-                    return_weights=False, out=None, num_threads=None):
+def nadaraya_watson(
+    x_query: ArrayLike,
+    x_keys: ArrayLike,
+    y_values: ArrayLike,
+    *,
+    kernel: Literal["gaussian", "boxcar", "triangular", "epanechnikov"] = "gaussian",
+    bandwidth: float | ArrayLike | Literal["silverman"] = 1.0,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Nadaraya-Watson kernel regression, as attention pooling.
 
     ``f(x) = sum_j K(||x - x_j|| / h) y_j / sum_j K(||x - x_j|| / h)``.

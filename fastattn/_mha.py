@@ -10,6 +10,7 @@ So Q/K/V are never copied after they are projected. The layer's checks, shared w
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +26,11 @@ from fastattn._validation import (
     head_valid_lens,
     layer_inputs,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 # --------------------------------------------------------------------------------------
 # The layer
@@ -52,7 +58,7 @@ class Projection:
         return self._weight
 
     @weight.setter
-    def weight(self, value) -> None:
+    def weight(self, value: ArrayLike) -> None:
         a = float_array(value, f"{self._name}.weight", min_ndim=1)
         if a.shape != self._weight.shape:
             raise ValueError(
@@ -66,7 +72,7 @@ class Projection:
         return self._bias
 
     @bias.setter
-    def bias(self, value) -> None:
+    def bias(self, value: ArrayLike) -> None:
         if self._bias is None:
             raise ValueError(f"{self._name} has no bias (the layer was made with bias=False)")
         a = float_array(value, f"{self._name}.bias", min_ndim=1)
@@ -236,8 +242,10 @@ class MultiHeadAttention:
     True
     """
 
-    def __init__(self, embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
-                 bias=True, dtype=np.float32, seed=None) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None, bias: bool = True,
+                 dtype: DTypeLike = np.float32,
+                 seed: int | np.random.Generator | None = None) -> None:
         self.embed_dim = check_size(embed_dim, "embed_dim")
         self.num_heads = check_size(num_heads, "num_heads")
         self.num_kv_heads = self.num_heads if num_kv_heads is None else check_size(
@@ -284,9 +292,12 @@ class MultiHeadAttention:
                 f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
                 f"bias={self.bias}, dtype={self.dtype})")
 
-    def __call__(self, query, key=None, value=None, *, attn_mask=None, valid_lens=None,
-                 is_causal=False, need_weights=False, average_attn_weights=True,
-                 kv_cache=None, num_threads=None):
+    def __call__(self, query: ArrayLike, key: ArrayLike | None = None,
+                 value: ArrayLike | None = None, *, attn_mask: ArrayLike | None = None,
+                 valid_lens: ArrayLike | None = None, is_causal: bool = False,
+                 need_weights: bool = False, average_attn_weights: bool = True,
+                 kv_cache: KVCache | None = None, num_threads: int | None = None,
+                 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
         """Attend from ``query`` to ``key``/``value``.
 
         Parameters
@@ -398,7 +409,7 @@ class MultiHeadAttention:
             )
         return start, stop
 
-    def new_kv_cache(self, batch, max_len) -> KVCache:
+    def new_kv_cache(self, batch: int, max_len: int) -> KVCache:
         """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
 
         It holds ``2 * batch * max_len * num_kv_heads * head_dim`` values of the layer's
@@ -416,7 +427,7 @@ class MultiHeadAttention:
         return KVCache(check_size(batch, "batch"), check_size(max_len, "max_len"),
                        self.num_kv_heads, self.head_dim, self.dtype)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, np.ndarray]:
         """The weights under ``torch.nn.MultiheadAttention``'s state_dict names (NumPy
         arrays, copies): packed ``in_proj_weight`` when kdim == vdim == embed_dim, else
         ``q_proj_weight``/``k_proj_weight``/``v_proj_weight``; ``in_proj_bias`` and
@@ -444,7 +455,8 @@ class MultiHeadAttention:
         return sd
 
     @classmethod
-    def from_torch(cls, state_dict, num_heads, *, dtype=None) -> MultiHeadAttention:
+    def from_torch(cls, state_dict: Mapping[str, Any], num_heads: int, *,
+                   dtype: DTypeLike | None = None) -> MultiHeadAttention:
         """A layer holding the weights of a ``torch.nn.MultiheadAttention``.
 
         Parameters

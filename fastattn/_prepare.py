@@ -27,12 +27,13 @@ def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     needed."""
     if a.dtype != dtype:  # also catches non-native byte order
         a = a.astype(dtype, order="K")
-    if a.flags.c_contiguous and a.flags.aligned:
+    flags = a.flags
+    if flags.c_contiguous and flags.aligned:
         return a
     if a.ndim and (
         (a.shape[-1] > 1 and a.strides[-1] != a.itemsize)
         or any(s % a.itemsize for s in a.strides)
-        or not a.flags.aligned
+        or not flags.aligned
     ):
         # A copy, not np.ascontiguousarray: that returns a contiguous but unaligned array
         # as it is, and the kernels read whole elements through typed pointers.

@@ -4,6 +4,10 @@ and finished by :mod:`fastattn._prepare`, computed by the blocked kernel of
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
 from fastattn import _core, _cuda, _threads
 from fastattn._prepare import (
     attention_buffers,
@@ -14,24 +18,27 @@ from fastattn._prepare import (
 )
 from fastattn._validation import check_flag, check_out, sdpa_args
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
+
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
     *,
-    valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
-    return_lse=False,
-    return_weights=False,
-    out=None,
-    num_threads=None,
-):
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, computed in blocks.
 
     No ``Lq x Lk`` score matrix is formed unless ``return_weights=True``.

@@ -131,7 +131,8 @@ def _inverse_power(x: float, power: int, name: str, dtype: np.dtype, what: str) 
 def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
     """``x`` as a float16/32/64 ndarray of at least ``min_ndim`` dims (no copy if it is one)."""
     a = np.asarray(x)
-    if a.dtype.kind != "f" or a.dtype.newbyteorder("=") not in _FLOAT_DTYPES:
+    dt = a.dtype  # native float dtypes first: the common case, without newbyteorder's cost
+    if dt not in _FLOAT_DTYPES and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES):
         raise TypeError(
             f"{name} must be a floating-point array (float16, float32 or float64), "
             f"got dtype {a.dtype}"
@@ -291,7 +292,9 @@ def _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignmen
     v = float_array(value, "value")
     result, compute = result_dtypes(q, k, v, *weights)
     out_ndim = max(q.ndim, k.ndim, v.ndim)
-    q3, k3, v3 = (a[(None,) * (3 - a.ndim)] if a.ndim < 3 else a for a in (q, k, v))
+    q3 = q if q.ndim >= 3 else q[None]
+    k3 = k if k.ndim >= 3 else k[None]
+    v3 = v if v.ndim >= 3 else v[None]
     try:
         batch = q3.shape[:-3]
         if not batch == k3.shape[:-3] == v3.shape[:-3]:

@@ -9,6 +9,8 @@ and masks reach the twins through the same preparation (:mod:`fastattn._prepare`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import numpy as np
 
 from fastattn import _threads
@@ -28,6 +30,9 @@ from fastattn._validation import (
     result_dtypes,
     sdpa_args,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "additive_attention",
@@ -73,22 +78,22 @@ def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
 
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
     *,
-    valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
-    return_lse=False,
-    return_weights=False,
-    out=None,
-    num_threads=None,
-):
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.scaled_dot_product_attention` (float64 inside).
 
     Keys that a row may not attend contribute nothing, even if their values are NaN.
@@ -133,7 +138,15 @@ def scaled_dot_product_attention(
     return (output, *extras) if extras else output
 
 
-def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
+def masked_softmax(
+    x: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    *,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating]:
     """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
 
     ``valid_lens`` (int) keeps entries ``j < valid_len``; its shape is a leading prefix of
@@ -165,11 +178,27 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     return weights
 
 
-def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_weight,
-                         v_weight, out_weight, q_bias=None, k_bias=None, v_bias=None,
-                         out_bias=None, attn_mask=None, valid_lens=None, is_causal=False,
-                         causal_alignment="top_left", need_weights=False,
-                         average_attn_weights=True):
+def multi_head_attention(
+    query: ArrayLike,
+    key: ArrayLike | None = None,
+    value: ArrayLike | None = None,
+    *,
+    num_heads: int,
+    q_weight: ArrayLike,
+    k_weight: ArrayLike,
+    v_weight: ArrayLike,
+    out_weight: ArrayLike,
+    q_bias: ArrayLike | None = None,
+    k_bias: ArrayLike | None = None,
+    v_bias: ArrayLike | None = None,
+    out_bias: ArrayLike | None = None,
+    attn_mask: ArrayLike | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    need_weights: bool = False,
+    average_attn_weights: bool = True,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
     """NumPy twin of :class:`fastattn.MultiHeadAttention`, as a function (float64 inside).
 
     Projections ``x @ weight.T + bias``, heads split, :func:`scaled_dot_product_attention`
@@ -314,9 +343,23 @@ def _full_qkv(args):
     return q, np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
 
 
-def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
-                       is_causal=False, causal_alignment="top_left", window=None,
-                       return_weights=False, out=None, num_threads=None):
+def additive_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.additive_attention`: the d2l broadcast formula in
     float64, forming the whole ``(..., Lq, Lk, hidden)`` tensor.
 
@@ -339,11 +382,31 @@ def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, vali
     return _family_result(args, scores, "softmax", None, v, want_weights, out)
 
 
-def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normalize="softmax",
-              scale=None, weight=None, temperature=None, bandwidth=None, w_q=None, w_k=None,
-              w_v=None, top_k=None, valid_lens=None, is_causal=False,
-              causal_alignment="top_left", window=None, return_weights=False, out=None,
-              num_threads=None):
+def attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
+                   "additive"] = "scaled_dot",
+    normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
+    scale: float | None = None,
+    weight: ArrayLike | None = None,
+    temperature: float | None = None,
+    bandwidth: float | None = None,
+    w_q: ArrayLike | None = None,
+    w_k: ArrayLike | None = None,
+    w_v: ArrayLike | None = None,
+    top_k: int | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.attention`: each score from its definition (gaussian
     from the differences ``q - k``, cosine from normalised rows), whole score matrices,
     float64.
@@ -387,8 +450,17 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
     return _family_result(args, scores, spec.normalize, spec.top_k, v, want_weights, out)
 
 
-def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1.0,
-                    return_weights=False, out=None, num_threads=None):
+def nadaraya_watson(
+    x_query: ArrayLike,
+    x_keys: ArrayLike,
+    y_values: ArrayLike,
+    *,
+    kernel: Literal["gaussian", "boxcar", "triangular", "epanechnikov"] = "gaussian",
+    bandwidth: float | ArrayLike | Literal["silverman"] = 1.0,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.nadaraya_watson` (float64, whole weight matrix).
 
     >>> import numpy as np
