@@ -24,7 +24,9 @@ from fastattn._validation import (
     check_unbatched_mask,
     float_array,
     head_valid_lens,
+    kv_cache_rows,
     layer_inputs,
+    torch_state_dict,
 )
 
 if TYPE_CHECKING:
@@ -165,23 +167,6 @@ def _xavier_uniform(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     fan_out, fan_in = shape
     bound = math.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-bound, bound, size=shape)
-
-
-def _to_numpy(value: object, name: str) -> np.ndarray:
-    """An array from a NumPy array, a torch tensor (duck-typed: no torch import) or a list."""
-    if hasattr(value, "detach") and hasattr(value, "numpy"):
-        t = value.detach()
-        if hasattr(t, "cpu"):
-            t = t.cpu()
-        try:
-            value = t.numpy()
-        except TypeError:  # e.g. bfloat16, which NumPy lacks
-            value = t.float().numpy()
-    return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
-
-
-_TORCH_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-               "in_proj_bias", "out_proj.weight", "out_proj.bias")
 
 
 class MultiHeadAttention:
@@ -354,7 +339,8 @@ class MultiHeadAttention:
             v = split_heads(self.v_proj(v_in), self.num_kv_heads)
             alignment = "top_left"
         else:
-            start, stop = self._reserve(kv_cache, b, k_in.shape[1])
+            start, stop = kv_cache_rows(kv_cache, KVCache, (self.num_kv_heads, self.head_dim,
+                                                             self.dtype), b, k_in.shape[1])
             # Project the new positions straight into the cache's rows.
             self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, start:stop])
             self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, start:stop])
@@ -378,36 +364,6 @@ class MultiHeadAttention:
         if average:
             weights = average_heads(weights)
         return out, (weights if batched else weights[0])
-
-    def _reserve(self, cache: object, batch: int, num_new: int) -> tuple[int, int]:
-        """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checks."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(
-                f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
-                f"got {type(cache).__name__}"
-            )
-        mine = (self.num_kv_heads, self.head_dim, self.dtype)
-        theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
-        if mine != theirs:
-            raise ValueError(
-                f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
-                f"dtype={theirs[2]}, but this layer has num_kv_heads={mine[0]}, "
-                f"head_dim={mine[1]}, dtype={mine[2]}"
-            )
-        if cache.batch != batch:
-            raise ValueError(
-                f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
-                f"{batch} (an unbatched call counts as batch 1)"
-            )
-        start = cache.length
-        stop = start + num_new
-        if stop > cache.max_len:
-            raise ValueError(
-                f"kv_cache is full: appending {num_new} positions to the {start} cached would "
-                f"exceed its max_len={cache.max_len}; make a larger one with "
-                "new_kv_cache(batch, max_len)"
-            )
-        return start, stop
 
     def new_kv_cache(self, batch: int, max_len: int) -> KVCache:
         """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
@@ -488,78 +444,14 @@ class MultiHeadAttention:
         >>> mha
         MultiHeadAttention(embed_dim=8, num_heads=2, num_kv_heads=2, kdim=8, vdim=8, bias=False, dtype=float64)
         """  # noqa: E501 - a doctest output line
-        if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
-            raise TypeError(
-                f"state_dict must be a mapping of names to arrays or tensors, "
-                f"got {type(state_dict).__name__}"
-            )
-        names = set(state_dict.keys())
-        if {"bias_k", "bias_v"} & names:
-            raise ValueError(
-                "state_dict has bias_k/bias_v (torch's add_bias_kv=True), which "
-                "MultiHeadAttention does not support"
-            )
-        unexpected = sorted(str(n) for n in names - set(_TORCH_KEYS))
-        if unexpected:
-            raise ValueError(
-                f"state_dict has unexpected keys {unexpected}; expected names from "
-                f"{list(_TORCH_KEYS)} (strip any module prefix such as 'self_attn.')"
-            )
-        sd = {name: _to_numpy(state_dict[name], name) for name in names}
-        if "out_proj.weight" not in sd:
-            raise ValueError("state_dict has no 'out_proj.weight'")
-        wo = sd["out_proj.weight"]
-        if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-            raise ValueError(
-                f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}"
-            )
-        e = wo.shape[0]
-        separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
-        if "in_proj_weight" in sd:
-            if set(separate) & names:
-                raise ValueError(
-                    "state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight"
-                )
-            w = sd["in_proj_weight"]
-            if w.shape != (3 * e, e):
-                raise ValueError(
-                    f"state_dict['in_proj_weight'] must have shape (3E, E) = {(3 * e, e)} "
-                    f"(E={e} from out_proj.weight), got {w.shape}"
-                )
-            wq, wk, wv = np.split(w, 3)
-        elif set(separate) <= names:
-            wq, wk, wv = (sd[n] for n in separate)
-            for n, w in zip(separate, (wq, wk, wv)):
-                if w.ndim != 2 or w.shape[0] != e or (n == "q_proj_weight" and w.shape[1] != e):
-                    want = "(E, E)" if n == "q_proj_weight" else f"(E, {n[0]}dim)"
-                    raise ValueError(
-                        f"state_dict[{n!r}] must have shape {want} with E={e} "
-                        f"(from out_proj.weight), got {w.shape}"
-                    )
-        else:
-            raise ValueError(
-                "state_dict has neither 'in_proj_weight' nor all of 'q_proj_weight', "
-                f"'k_proj_weight', 'v_proj_weight'; got keys {sorted(map(str, names))}"
-            )
-        has_in_bias, has_out_bias = "in_proj_bias" in sd, "out_proj.bias" in sd
-        if has_in_bias != has_out_bias:
-            raise ValueError(
-                "state_dict must have both 'in_proj_bias' and 'out_proj.bias' or neither, "
-                f"got only {'in_proj_bias' if has_in_bias else 'out_proj.bias'}"
-            )
-        if has_in_bias:
-            for n, want in (("in_proj_bias", (3 * e,)), ("out_proj.bias", (e,))):
-                if sd[n].shape != want:
-                    raise ValueError(
-                        f"state_dict[{n!r}] must have shape {want} (E={e}), got {sd[n].shape}"
-                    )
+        sd, (wq, wk, wv, wo), has_bias = torch_state_dict(state_dict)
         if dtype is None:
             dtype = np.result_type(*sd.values())
-        layer = cls(e, num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_in_bias,
+        layer = cls(wo.shape[0], num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_bias,
                     dtype=dtype, seed=0)
         layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight = wq, wk, wv
         layer.out_proj.weight = wo
-        if has_in_bias:
+        if has_bias:
             layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias = np.split(
                 sd["in_proj_bias"], 3)
             layer.out_proj.bias = sd["out_proj.bias"]

@@ -795,3 +795,123 @@ def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bi
     check_head_split(e, heads, num_kv)
     return num_kv, pairs
 
+
+def kv_cache_rows(cache: object, cache_type: type, layout: tuple, batch: int,
+                  num_new: int) -> tuple[int, int]:
+    """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checking that
+    it is a ``cache_type`` (the KVCache class) of the layer's ``layout`` (num_kv_heads,
+    head_dim, dtype) and batch, with room for them."""
+    if not isinstance(cache, cache_type):
+        raise TypeError(
+            f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
+            f"got {type(cache).__name__}"
+        )
+    theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
+    if layout != theirs:
+        raise ValueError(
+            f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
+            f"dtype={theirs[2]}, but this layer has num_kv_heads={layout[0]}, "
+            f"head_dim={layout[1]}, dtype={layout[2]}"
+        )
+    if cache.batch != batch:
+        raise ValueError(
+            f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
+            f"{batch} (an unbatched call counts as batch 1)"
+        )
+    start = cache.length
+    stop = start + num_new
+    if stop > cache.max_len:
+        raise ValueError(
+            f"kv_cache is full: appending {num_new} positions to the {start} cached would "
+            f"exceed its max_len={cache.max_len}; make a larger one with "
+            "new_kv_cache(batch, max_len)"
+        )
+    return start, stop
+
+
+def _to_numpy(value: object, name: str) -> np.ndarray:
+    """An array from a NumPy array, a torch tensor (duck-typed: no torch import) or a list."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        t = value.detach()
+        if hasattr(t, "cpu"):
+            t = t.cpu()
+        try:
+            value = t.numpy()
+        except TypeError:  # e.g. bfloat16, which NumPy lacks
+            value = t.float().numpy()
+    return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
+
+
+_TORCH_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+               "in_proj_bias", "out_proj.weight", "out_proj.bias")
+
+
+def torch_state_dict(state_dict: object) -> tuple[dict, tuple, bool]:
+    """A ``torch.nn.MultiheadAttention`` state_dict checked: (the arrays by name, the
+    (q, k, v, out) projection weights, whether it has biases)."""
+    if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
+        raise TypeError(
+            f"state_dict must be a mapping of names to arrays or tensors, "
+            f"got {type(state_dict).__name__}"
+        )
+    names = set(state_dict.keys())
+    if {"bias_k", "bias_v"} & names:
+        raise ValueError(
+            "state_dict has bias_k/bias_v (torch's add_bias_kv=True), which "
+            "MultiHeadAttention does not support"
+        )
+    unexpected = sorted(str(n) for n in names - set(_TORCH_KEYS))
+    if unexpected:
+        raise ValueError(
+            f"state_dict has unexpected keys {unexpected}; expected names from "
+            f"{list(_TORCH_KEYS)} (strip any module prefix such as 'self_attn.')"
+        )
+    sd = {name: _to_numpy(state_dict[name], name) for name in names}
+    if "out_proj.weight" not in sd:
+        raise ValueError("state_dict has no 'out_proj.weight'")
+    wo = sd["out_proj.weight"]
+    if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
+        raise ValueError(
+            f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}"
+        )
+    e = wo.shape[0]
+    separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+    if "in_proj_weight" in sd:
+        if set(separate) & names:
+            raise ValueError(
+                "state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight"
+            )
+        w = sd["in_proj_weight"]
+        if w.shape != (3 * e, e):
+            raise ValueError(
+                f"state_dict['in_proj_weight'] must have shape (3E, E) = {(3 * e, e)} "
+                f"(E={e} from out_proj.weight), got {w.shape}"
+            )
+        wq, wk, wv = np.split(w, 3)
+    elif set(separate) <= names:
+        wq, wk, wv = (sd[n] for n in separate)
+        for n, w in zip(separate, (wq, wk, wv)):
+            if w.ndim != 2 or w.shape[0] != e or (n == "q_proj_weight" and w.shape[1] != e):
+                want = "(E, E)" if n == "q_proj_weight" else f"(E, {n[0]}dim)"
+                raise ValueError(
+                    f"state_dict[{n!r}] must have shape {want} with E={e} "
+                    f"(from out_proj.weight), got {w.shape}"
+                )
+    else:
+        raise ValueError(
+            "state_dict has neither 'in_proj_weight' nor all of 'q_proj_weight', "
+            f"'k_proj_weight', 'v_proj_weight'; got keys {sorted(map(str, names))}"
+        )
+    has_in_bias, has_out_bias = "in_proj_bias" in sd, "out_proj.bias" in sd
+    if has_in_bias != has_out_bias:
+        raise ValueError(
+            "state_dict must have both 'in_proj_bias' and 'out_proj.bias' or neither, "
+            f"got only {'in_proj_bias' if has_in_bias else 'out_proj.bias'}"
+        )
+    if has_in_bias:
+        for n, want in (("in_proj_bias", (3 * e,)), ("out_proj.bias", (e,))):
+            if sd[n].shape != want:
+                raise ValueError(
+                    f"state_dict[{n!r}] must have shape {want} (E={e}), got {sd[n].shape}"
+                )
+    return sd, (wq, wk, wv, wo), has_in_bias
