@@ -20,9 +20,9 @@ from fastattn._validation import (
     check_flag,
     check_head_split,
     check_layer_dtype,
+    check_parameter,
     check_size,
     check_unbatched_mask,
-    float_array,
     head_valid_lens,
     kv_cache_rows,
     layer_inputs,
@@ -61,12 +61,8 @@ class Projection:
 
     @weight.setter
     def weight(self, value: ArrayLike) -> None:
-        a = float_array(value, f"{self._name}.weight", min_ndim=1)
-        if a.shape != self._weight.shape:
-            raise ValueError(
-                f"{self._name}.weight must have shape {self._weight.shape} "
-                f"(out_features, in_features), got {a.shape}"
-            )
+        a = check_parameter(value, f"{self._name}.weight", self._weight.shape,
+                            " (out_features, in_features)")
         self._weight = np.array(a, dtype=self._dtype)
 
     @property
@@ -77,11 +73,7 @@ class Projection:
     def bias(self, value: ArrayLike) -> None:
         if self._bias is None:
             raise ValueError(f"{self._name} has no bias (the layer was made with bias=False)")
-        a = float_array(value, f"{self._name}.bias", min_ndim=1)
-        if a.shape != self._bias.shape:
-            raise ValueError(
-                f"{self._name}.bias must have shape {self._bias.shape}, got {a.shape}"
-            )
+        a = check_parameter(value, f"{self._name}.bias", self._bias.shape)
         self._bias = np.array(a, dtype=self._dtype)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,12 +1,15 @@
-"""Every argument check of fastattn, for the CPU path, the CUDA path and the NumPy twins.
+"""The argument checks of the attention functions, the multi-head layer and the thread
+count, shared by the CPU path, the CUDA path and the NumPy twins.
 
 The checks read what describes an argument -- shape, dtype, strides, flags, and the values
 of ``valid_lens`` and ``bandwidth`` -- and convert nothing: array_like inputs become
-ndarrays with ``np.asarray`` (no copy for an ndarray), nothing else is allocated. Turning
-checked arguments into kernel-ready arrays is :mod:`fastattn._prepare`'s job. The CUDA
-path runs the same checks on NumPy stand-ins of its device arrays, so errors are the same
-word for word. Each message names the argument, what it got and what was expected; the
-semantics they enforce are written down in ``docs/semantics.md``.
+ndarrays with ``np.asarray`` (no copy for an ndarray; torch tensors of a state_dict are
+read with ``.numpy()``), nothing else is allocated. Turning checked arguments into
+kernel-ready arrays is :mod:`fastattn._prepare`'s job. The CUDA path runs the same checks
+on NumPy stand-ins of its device arrays, so errors are the same word for word; only its
+own rule (every array on one device) is checked in :mod:`fastattn._cuda`. Each message
+names the argument, what it got and what was expected; the semantics they enforce are
+written down in ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -648,6 +651,15 @@ def check_layer_dtype(dtype: object) -> np.dtype:
     if dt not in _LAYER_DTYPES:
         raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
     return dt
+
+
+def check_parameter(value: object, name: str, shape: tuple, axes: str = "") -> np.ndarray:
+    """A new value for a layer parameter: a float array of exactly ``shape`` (``axes`` says
+    what its axes are)."""
+    a = float_array(value, name, min_ndim=1)
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}{axes}, got {a.shape}")
+    return a
 
 
 def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
