@@ -242,10 +242,10 @@ def _dot_operands(spec, threads):
     args = spec.args
     dtype = args.compute_dtype
     if spec.score == "cosine":
-        q, k = (kernel_ready(unit_rows(a).astype(dtype), dtype)
-                for a in (args.query, args.key))
+        q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
+        k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
     else:
-        q, k = (kernel_ready(a, dtype) for a in (args.query, args.key))
+        q, k = kernel_ready(args.query, dtype), kernel_ready(args.key, dtype)
     if spec.score == "general":
         q = project(q, spec.weight, dtype, threads)
     bool_mask, float_mask, lens = attention_masks(args)
@@ -383,14 +383,17 @@ def attention(
     normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
 
     left, right = args.window
-    common = dict(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
-                  float_mask=float_mask, valid_lens=lens, weights=weights, scale=spec.scale,
-                  causal=args.is_causal, diag_offset=args.diag_offset, window_left=left,
-                  window_right=right, num_threads=threads)
     if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
-        _core.sdpa(lse=None, softcap=0.0, **common)
+        _core.sdpa(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
+                   float_mask=float_mask, valid_lens=lens, lse=None, weights=weights,
+                   scale=spec.scale, softcap=0.0, causal=args.is_causal,
+                   diag_offset=args.diag_offset, window_left=left, window_right=right,
+                   num_threads=threads)
     else:  # hardmax / top-k: each row's best keys kept in a heap
-        _core.select(top_k=k_keep, hardmax=hardmax, **common)
+        _core.select(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
+                     float_mask=float_mask, valid_lens=lens, weights=weights, scale=spec.scale,
+                     causal=args.is_causal, diag_offset=args.diag_offset, window_left=left,
+                     window_right=right, top_k=k_keep, hardmax=hardmax, num_threads=threads)
 
     return attention_result(args, out, result, in_place, None, weights)
 

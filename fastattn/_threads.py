@@ -97,13 +97,9 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
             _setting = self._previous
 
 
-_CPU_COUNT = max(1, os.cpu_count() or 1)
-
-
-def _cap() -> int:
-    """At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
-    process's thread limit (OpenMP then aborts the interpreter)."""
-    return 4 * _CPU_COUNT
+# At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
+# process's thread limit (OpenMP then aborts the interpreter).
+_CAP = 4 * max(1, os.cpu_count() or 1)
 
 
 _forked_child = False
@@ -124,10 +120,10 @@ def resolve(num_threads: int | None) -> int:
     """The thread count for one call (validating a per-call ``num_threads=``), capped at
     4 per CPU; 1 in a child process created by ``os.fork()``."""
     if num_threads is None:
-        n = get_num_threads()
+        n = _setting if _setting is not None else _from_environment()
     else:
         n = check_size(num_threads, "num_threads", noun="an integer")
-    return 1 if _forked_child else min(n, _cap())
+    return 1 if _forked_child else min(n, _CAP)
 
 
 def _register_threadpoolctl() -> None:

@@ -150,8 +150,12 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
 def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
     """(dtype of the result, dtype computed in): float16 is computed in float32."""
     first = arrays[0].dtype  # dtype equality includes the byte order
-    if first in _NATIVE_KERNEL_DTYPES and all(a.dtype == first for a in arrays[1:]):
-        return first, first  # the common case, without np.result_type's cost
+    if first in _NATIVE_KERNEL_DTYPES:  # the common case, without np.result_type's cost
+        for a in arrays:
+            if a.dtype != first:
+                break
+        else:
+            return first, first
     result = np.result_type(*[a.dtype.newbyteorder("=") for a in arrays])
     compute = np.dtype(np.float32) if result == np.float16 else result
     return result, compute
