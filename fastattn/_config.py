@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import platform
 import sys
+from typing import TextIO
 
 from fastattn import _core, _cuda, _threads
 
 
-def config() -> dict:
+def config() -> dict[str, str]:
     """The facts :func:`show_config` prints, as a dict."""
     return {
         "fastattn": _core.version,
@@ -25,7 +26,7 @@ def config() -> dict:
     }
 
 
-def show_config(file=None) -> None:
+def show_config(file: TextIO | None = None) -> None:
     """Print fastattn's version, ISA, threads, OpenMP, compiler and the CUDA path.
 
     >>> import fastattn

@@ -7,7 +7,7 @@ look-up. When an input is a CuPy array:
 * every array argument must be a CuPy array (a NumPy array among them is a ``TypeError``;
   Python scalars and lists are moved to the device);
 * the arguments are checked by the same validation layer as the CPU path
-  (:mod:`fastattn._validate`, :mod:`fastattn._validate_family`), on NumPy *stand-ins* of
+  (:mod:`fastattn._validation`, which reads shapes, dtypes and strides), on NumPy *stand-ins* of
   the device arrays: same shape and dtype, no data (a zero-stride view of one element;
   an ``out=`` buffer's stand-in has its strides too, over lazily zeroed host pages).
   ``valid_lens`` is the one argument whose values are checked, so it is copied to the host
@@ -37,14 +37,14 @@ from typing import Any, Callable
 import numpy as np
 
 from fastattn import _threads
-from fastattn._validate import (
+from fastattn._prepare import pack, with_leading_axes
+from fastattn._validation import (
+    additive_args,
     check_flag,
     check_out,
-    result_dtypes,
+    masked_softmax_args,
     sdpa_args,
-    with_leading_axes,
 )
-from fastattn._validate_family import additive_args, masked_softmax_args
 
 KERNEL_SOURCE = ("cuda", "attention.cu")  # package data, relative to fastattn/
 COMPILE_OPTIONS = ("-std=c++17",)
@@ -223,23 +223,6 @@ def out_standin(out) -> np.ndarray:
                       strides=strides)
 
 
-def _mask_standin(mask, float_dtype):
-    """A float mask's stand-in in the compute dtype: the validation layer converts float
-    masks to it, which must not allocate the full mask on the host."""
-    if mask is None:
-        return None
-    if float_dtype is not None and mask.dtype.kind == "f":
-        return standin(mask, float_dtype)
-    return standin(mask)
-
-
-def _compute_dtype(*standins) -> np.dtype | None:
-    """The compute dtype of float inputs, or None (validation will name the bad one)."""
-    if any(s.dtype.kind != "f" for s in standins):
-        return None
-    return result_dtypes(*standins)[1]
-
-
 def _strides(a) -> tuple:
     """``a``'s strides in elements (any sign)."""
     return tuple(s // a.itemsize for s in a.strides)
@@ -318,7 +301,7 @@ def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
     bool_mask = float_mask = None
     if attn_mask is not None:
         m = xp.asarray(attn_mask)
-        if args.bool_mask is not None:
+        if m.dtype == np.bool_:
             bool_mask = xp.broadcast_to(_item_strides(be, m), full_scores)
         else:
             float_mask = xp.broadcast_to(_as_dtype(be, m, compute), full_scores)
@@ -395,18 +378,13 @@ def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
             None if weights is None else weights.reshape(args.scores_shape))
 
 
-def _pack(output, lse, weights):
-    extras = [x for x in (lse, weights) if x is not None]
-    return (output, *extras) if extras else output
-
-
 def sdpa_forward(be: Backend, query, key, value, attn_mask=None, *, valid_lens=None,
                  is_causal=False, causal_alignment="top_left", window=None, scale=None,
                  softcap=None, return_lse=False, return_weights=False, out=None,
                  num_threads=None):
     """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``."""
     q_s, k_s, v_s = (standin(a) for a in (query, key, value))
-    mask_s = _mask_standin(attn_mask, _compute_dtype(q_s, k_s, v_s))
+    mask_s = None if attn_mask is None else standin(attn_mask)
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
     args = sdpa_args(q_s, k_s, v_s, mask_s, lens_host, is_causal, causal_alignment, window,
                      scale, softcap)
@@ -424,7 +402,7 @@ def sdpa_forward(be: Backend, query, key, value, attn_mask=None, *, valid_lens=N
                for a, s in ((query, args.query), (key, args.key), (value, args.value)))
     found = _attention_launch(be, args, q, k, v, want_lse, want_weights, out, attn_mask,
                               valid_lens, None, args.scale, args.softcap or 0.0)
-    return _pack(*found)
+    return pack(*found)
 
 
 def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=None, *,
@@ -436,8 +414,7 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
     weights_in = (w_q, w_k, w_v)
     q_s, k_s, v_s = (standin(a) for a in (query, key, value))
     w_s = [None if w is None else standin(w) for w in weights_in]
-    mask_s = _mask_standin(attn_mask, _compute_dtype(
-        q_s, k_s, v_s, *[w for w in w_s if w is not None]))
+    mask_s = None if attn_mask is None else standin(attn_mask)
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
     args, _ = additive_args(q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal,
                             causal_alignment, window)
@@ -459,7 +436,7 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
                         args.batch + args.value.shape[-3:])
     output, _, weights = _attention_launch(be, args, q, k, v, False, want_weights, out,
                                            attn_mask, valid_lens, wv, 1.0, 0.0)
-    return _pack(output, None, weights)
+    return pack(output, None, weights)
 
 
 # --------------------------------------------------------------------------------------

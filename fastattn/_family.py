@@ -1,45 +1,59 @@
 """The attention family: masked softmax, additive attention, the general
 ``Normalize(F(q, K)) V`` form, and Nadaraya-Watson kernel regression.
 
-Validation in :mod:`fastattn._validate_family` (shared with the NumPy twins in
-:mod:`fastattn.reference`); compute in :mod:`fastattn._core`, with the GIL released.
+Each function checks its arguments with :mod:`fastattn._validation` (as do the NumPy twins
+in :mod:`fastattn.reference`), prepares and finishes with :mod:`fastattn._prepare`, and
+computes in :mod:`fastattn._core` with the GIL released. The dot-product scores (dot,
+scaled_dot, general, cosine, gaussian) run in the SDPA kernel, like
+:func:`fastattn.scaled_dot_product_attention`, once :mod:`fastattn._compute` has rewritten
+them as dot products.
 """
 
 from __future__ import annotations
 
-import math
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
-from fastattn._validate import check_flag, check_out, kernel_ready, with_leading_axes
-from fastattn._validate_family import (
+from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
+from fastattn._prepare import (
+    attention_buffers,
+    attention_masks,
+    attention_result,
+    contiguous,
+    extra,
+    finish,
+    item_aligned,
+    kernel_ready,
+    pack,
+    result_buffer,
+    softmax_masks,
+    to_batch,
+)
+from fastattn._validation import (
     KERNELS,
     additive_args,
     attention_spec,
-    gaussian_key_bias,
+    check_flag,
+    check_out,
     masked_softmax_args,
     regression_args,
-    unit_rows,
 )
 
-
-def _aligned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` in ``dtype``, native byte order, aligned, strides in whole items (any layout)."""
-    if a.dtype != dtype:
-        a = a.astype(dtype, order="K")
-    if any(s % a.itemsize for s in a.strides) or not a.flags.aligned:
-        a = a.copy(order="C")  # (np.ascontiguousarray may hand back an unaligned array)
-    return a
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 
-def _contiguous(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` as a C-contiguous, aligned array of ``dtype`` (copies only if needed)."""
-    a = np.ascontiguousarray(a, dtype=dtype)
-    return a if a.flags.aligned else a.copy()
-
-
-def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
+def masked_softmax(
+    x: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    *,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating]:
     """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
 
     d2l's ``masked_softmax``, generalised, computed by one vectorised pass per row (read
@@ -86,50 +100,24 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
                                     num_threads=num_threads)
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
     threads = _threads.resolve(num_threads)
+
     dtype, ax = args.compute_dtype, args.axis
-    xk = _aligned(args.x, dtype)
-    in_place = out is not None and out.dtype == dtype and out is _aligned(out, dtype)
-    result = out if in_place else np.empty(args.x.shape, dtype)
-    mask_moved = None if args.mask is None else np.moveaxis(args.mask, ax, -1)
-    _core.masked_softmax(np.moveaxis(xk, ax, -1), np.moveaxis(result, ax, -1), mask_moved,
-                         args.valid_lens, threads)
-    if out is not None:
-        if not in_place:
-            np.copyto(out, result, casting="unsafe")
-        return out
-    return result if result.dtype == args.result_dtype else result.astype(args.result_dtype)
+    xk = item_aligned(args.x, dtype)
+    keep, lens = softmax_masks(args)
+    result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
+
+    _core.masked_softmax(x=np.moveaxis(xk, ax, -1), out=np.moveaxis(result, ax, -1),
+                         mask=None if keep is None else np.moveaxis(keep, ax, -1),
+                         valid_lens=lens, num_threads=threads)
+
+    return finish(result, args.x.shape, args.result_dtype, out, in_place)
 
 
 # --------------------------------------------------------------------------------------
 # Attention
 
 
-def _buffers(args, out, want_weights):
-    """(result buffer, whether it is the caller's out, weights buffer or None)."""
-    dtype = args.compute_dtype
-    in_place = out is not None and out.dtype == dtype and out is kernel_ready(out, dtype)
-    if in_place:
-        result = with_leading_axes(out, len(args.full_out_shape))
-    else:
-        result = np.empty(args.full_out_shape, dtype)
-    weights = np.empty(args.full_scores_shape, dtype) if want_weights else None
-    return result, in_place, weights
-
-
-def _finish(args, result, in_place, weights, out):
-    output = result.reshape(args.out_shape)
-    if out is not None:
-        if not in_place:
-            np.copyto(out, output, casting="unsafe")
-        output = out
-    elif output.dtype != args.result_dtype:
-        output = output.astype(args.result_dtype)
-    if weights is not None:
-        return output, weights.reshape(args.scores_shape).astype(args.result_dtype, copy=False)
-    return output
-
-
-def _selection(normalize, top_k, num_keys):
+def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, int, bool]:
     """(kernel normaliser: 0 softmax / 1 select, top_k, hardmax). top-k keeping every key is
     the softmax."""
     if normalize == "softmax" or (normalize == "topk" and top_k >= num_keys):
@@ -139,22 +127,45 @@ def _selection(normalize, top_k, num_keys):
     return 1, top_k, False
 
 
-def _run_additive(args, weights_in, normalize, top_k, want_weights, out, threads):
-    dtype = args.compute_dtype
-    q, k, v = (args.full(kernel_ready(a, dtype)) for a in (args.query, args.key, args.value))
-    wq, wk, wv = (_contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
-    result, in_place, weights = _buffers(args, out, want_weights)
+def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
+    """Prepare, run the additive kernel, finish: additive_attention and
+    attention(score="additive")."""
+    dtype, batch = args.compute_dtype, args.batch
+    q = to_batch(kernel_ready(args.query, dtype), batch)
+    k = to_batch(kernel_ready(args.key, dtype), batch)
+    v = to_batch(kernel_ready(args.value, dtype), batch)
+    wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
+    bool_mask, float_mask, lens = attention_masks(args)
+    result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
+
     left, right = args.window
-    _core.additive(q, k, v, result, args.bool_mask, args.float_mask, args.valid_lens, weights,
-                   wq, wk, wv, args.is_causal, args.diag_offset, left, right, normalizer,
-                   k_keep, hardmax, threads)
-    return _finish(args, result, in_place, weights, out)
+    _core.additive(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
+                   float_mask=float_mask, valid_lens=lens, weights=weights, w_q=wq, w_k=wk,
+                   w_v=wv, causal=args.is_causal, diag_offset=args.diag_offset,
+                   window_left=left, window_right=right, normalizer=normalizer,
+                   top_k=k_keep, hardmax=hardmax, num_threads=threads)
+
+    return attention_result(args, out, result, in_place, None, weights)
 
 
-def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
-                       is_causal=False, causal_alignment="top_left", window=None,
-                       return_weights=False, out=None, num_threads=None):
+def additive_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Additive (Bahdanau) attention: ``softmax(w_v . tanh(q W_q + k W_k) + mask) v``.
 
     ``score[i, j] = w_v . tanh(query[i] @ w_q + key[j] @ w_k)``, no scaling (d2l's
@@ -217,32 +228,73 @@ def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, vali
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        out = check_out(out, args.out_shape, args.result_dtype,
-                        {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k,
-                         "w_v": w_v, "attn_mask": attn_mask, "valid_lens": valid_lens})
-    return _run_additive(args, ws, "softmax", None, want_weights, out, threads)
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k,
+                   "w_v": w_v, "attn_mask": attn_mask, "valid_lens": valid_lens})
+    return _additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
-def _infinitely_far(x: np.ndarray) -> np.ndarray:
-    """Rows (last axis) holding an infinity and no NaN."""
-    return np.isinf(x).any(axis=-1) & ~np.isnan(x).any(axis=-1)
+def _dot_operands(spec, threads):
+    """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
+    normalises the rows of q and k, general projects q by W, gaussian adds the per-key
+    bias -||k||^2 / (2 h^2) to the float mask (broadcast along the rows, zero-copy; the
+    -||q||^2 term is constant along a row and cancels in every normaliser)."""
+    args = spec.args
+    dtype = args.compute_dtype
+    if spec.score == "cosine":
+        q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
+        k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
+    else:
+        q, k = kernel_ready(args.query, dtype), kernel_ready(args.key, dtype)
+    if spec.score == "general":
+        q = project(q, spec.weight, dtype, threads)
+    bool_mask, float_mask, lens = attention_masks(args)
+    if spec.score == "gaussian":
+        bias = gaussian_key_bias(args.key, spec.bandwidth)  # (..., Hkv, Lk)
+        group = args.query.shape[-3] // max(args.key.shape[-3], 1)
+        if group > 1:
+            bias = np.repeat(bias, group, axis=-2)
+        bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
+        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
+        # a key scores -inf (its bias already is), such a query sees no key, as with
+        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
+        k_far, q_far = infinitely_far(k), infinitely_far(q)
+        if k_far.any():
+            k = np.where(k_far[..., None], dtype.type(0), k)
+        if q_far.any():
+            q = np.where(q_far[..., None], dtype.type(0), q)
+            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
+        if float_mask is not None:
+            bias = float_mask + bias
+        float_mask = np.broadcast_to(bias, args.full_scores_shape)
+    return to_batch(q, args.batch), to_batch(k, args.batch), bool_mask, float_mask, lens
 
 
-def _project(x: np.ndarray, w: np.ndarray, dtype: np.dtype, threads: int) -> np.ndarray:
-    """``x @ w`` over the last axis, computed by the core (bit-identical for any thread
-    count, unlike a threaded BLAS)."""
-    rows = _contiguous(x, dtype).reshape(math.prod(x.shape[:-1]), x.shape[-1])
-    wc = _contiguous(w, dtype)
-    out = np.empty((rows.shape[0], wc.shape[1]), dtype)
-    _core.project(rows, wc, out, threads)
-    return out.reshape(x.shape[:-1] + (wc.shape[1],))
-
-
-def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normalize="softmax",
-              scale=None, weight=None, temperature=None, bandwidth=None, w_q=None, w_k=None,
-              w_v=None, top_k=None, valid_lens=None, is_causal=False,
-              causal_alignment="top_left", window=None, return_weights=False, out=None,
-              num_threads=None):
+def attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
+                   "additive"] = "scaled_dot",
+    normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
+    scale: float | None = None,
+    weight: ArrayLike | None = None,
+    temperature: float | None = None,
+    bandwidth: float | None = None,
+    w_q: ArrayLike | None = None,
+    w_k: ArrayLike | None = None,
+    w_v: ArrayLike | None = None,
+    top_k: int | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Attention in its general form, ``Normalize(F(q, K)) V``, with a choice of F and
     Normalize.
 
@@ -317,62 +369,50 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        inputs = {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                  "valid_lens": valid_lens, "weight": weight, "w_q": w_q, "w_k": w_k,
-                  "w_v": w_v}
-        out = check_out(out, args.out_shape, args.result_dtype, inputs)
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
+                   "valid_lens": valid_lens, "weight": weight, "w_q": w_q, "w_k": w_k,
+                   "w_v": w_v})
     if spec.score == "additive":
-        return _run_additive(args, spec.additive, spec.normalize, spec.top_k, want_weights,
-                             out, threads)
+        return _additive(args, spec.additive, spec.normalize, spec.top_k, want_weights, out,
+                         threads)
 
-    dtype = args.compute_dtype
-    if spec.score == "cosine":
-        q, k = (kernel_ready(unit_rows(a).astype(dtype), dtype)
-                for a in (args.query, args.key))
-    else:
-        q, k = (kernel_ready(a, dtype) for a in (args.query, args.key))
-    if spec.score == "general":
-        q = _project(q, spec.weight, dtype, threads)
-    float_mask = args.float_mask
-    if spec.score == "gaussian":
-        bias = gaussian_key_bias(args.key, spec.bandwidth)  # (..., Hkv, Lk)
-        group = args.query.shape[-3] // max(args.key.shape[-3], 1)
-        if group > 1:
-            bias = np.repeat(bias, group, axis=-2)
-        bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
-        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
-        # a key scores -inf (its bias already is), such a query sees no key, as with
-        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
-        k_far, q_far = _infinitely_far(k), _infinitely_far(q)
-        if k_far.any():
-            k = np.where(k_far[..., None], dtype.type(0), k)
-        if q_far.any():
-            q = np.where(q_far[..., None], dtype.type(0), q)
-            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
-        if float_mask is not None:
-            bias = float_mask + bias
-        float_mask = np.broadcast_to(bias, args.full_scores_shape)
-    q, k = args.full(q), args.full(k)
-    v = args.full(kernel_ready(args.value, dtype))
-    result, in_place, weights = _buffers(args, out, want_weights)
+    q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads)
+    v = to_batch(kernel_ready(args.value, args.compute_dtype), args.batch)
+    result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
+
     left, right = args.window
-    if normalizer == 0:
-        _core.sdpa(q, k, v, result, args.bool_mask, float_mask, args.valid_lens, None, weights,
-                   spec.scale, 0.0, args.is_causal, args.diag_offset, left, right, threads)
-    else:
-        _core.select(q, k, v, result, args.bool_mask, float_mask, args.valid_lens, weights,
-                     spec.scale, args.is_causal, args.diag_offset, left, right, k_keep, hardmax,
-                     threads)
-    return _finish(args, result, in_place, weights, out)
+    if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
+        _core.sdpa(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
+                   float_mask=float_mask, valid_lens=lens, lse=None, weights=weights,
+                   scale=spec.scale, softcap=0.0, causal=args.is_causal,
+                   diag_offset=args.diag_offset, window_left=left, window_right=right,
+                   num_threads=threads)
+    else:  # hardmax / top-k: each row's best keys kept in a heap
+        _core.select(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
+                     float_mask=float_mask, valid_lens=lens, weights=weights, scale=spec.scale,
+                     causal=args.is_causal, diag_offset=args.diag_offset, window_left=left,
+                     window_right=right, top_k=k_keep, hardmax=hardmax, num_threads=threads)
+
+    return attention_result(args, out, result, in_place, None, weights)
 
 
 # --------------------------------------------------------------------------------------
 # Kernel regression
 
 
-def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1.0,
-                    return_weights=False, out=None, num_threads=None):
+def nadaraya_watson(
+    x_query: ArrayLike,
+    x_keys: ArrayLike,
+    y_values: ArrayLike,
+    *,
+    kernel: Literal["gaussian", "boxcar", "triangular", "epanechnikov"] = "gaussian",
+    bandwidth: float | ArrayLike | Literal["silverman"] = 1.0,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Nadaraya-Watson kernel regression, as attention pooling.
 
     ``f(x) = sum_j K(||x - x_j|| / h) y_j / sum_j K(||x - x_j|| / h)``.
@@ -421,21 +461,20 @@ def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        out = check_out(out, ra.out_shape, ra.result_dtype,
-                        {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
+        check_out(out, ra.out_shape, ra.result_dtype,
+                  {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
+
     dtype = ra.compute_dtype
-    xq, xk, y = (ra.full(kernel_ready(a, dtype)) for a in (ra.x_query, ra.x_keys, ra.y_values))
+    # (batch..., 1, L, D): one head
+    xq, xk, y = (to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
+                 for a in (ra.x_query, ra.x_keys, ra.y_values))
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
     result = np.empty(ra.batch + (1, lq, dy), dtype)
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
-    _core.nadaraya_watson(xq, xk, y, result, weights, ra.bandwidth, KERNELS.index(ra.kernel),
-                          threads)
-    output = result.reshape(ra.out_shape)
-    if out is not None:
-        np.copyto(out, output, casting="unsafe")
-        output = out
-    elif output.dtype != ra.result_dtype:
-        output = output.astype(ra.result_dtype)
-    if want_weights:
-        return output, weights.reshape(ra.weights_shape).astype(ra.result_dtype, copy=False)
-    return output
+
+    _core.nadaraya_watson(x_query=xq, x_keys=xk, y_values=y, out=result, weights=weights,
+                          bandwidth=ra.bandwidth, kernel=KERNELS.index(ra.kernel),
+                          num_threads=threads)
+
+    output = finish(result, ra.out_shape, ra.result_dtype, out, False)
+    return pack(output, extra(weights, ra.weights_shape, ra.result_dtype))

@@ -3,207 +3,36 @@
 The projections are NumPy matmuls (BLAS); the heads are strided views of the projected
 arrays, fed straight to :func:`fastattn.scaled_dot_product_attention`, which writes its
 result into a ``(B, L, H, D)`` buffer that the output projection reads as ``(B, L, E)``.
-So Q/K/V are never copied after they are projected. The checks shared with
-:func:`fastattn.reference.multi_head_attention` live here too.
+So Q/K/V are never copied after they are projected. The layer's checks, shared with
+:func:`fastattn.reference.multi_head_attention`, are in :mod:`fastattn._validation`.
 """
 
 from __future__ import annotations
 
 import math
-import operator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastattn._compute import average_heads, split_heads
 from fastattn._sdpa import scaled_dot_product_attention
-from fastattn._validate import check_flag, float_array
+from fastattn._validation import (
+    check_flag,
+    check_head_split,
+    check_layer_dtype,
+    check_parameter,
+    check_size,
+    check_unbatched_mask,
+    head_valid_lens,
+    kv_cache_rows,
+    layer_inputs,
+    torch_state_dict,
+)
 
-_LAYER_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
-
-# --------------------------------------------------------------------------------------
-# Checks shared by the layer and its reference twin
-
-
-def check_size(value: object, name: str, *, minimum: int = 1) -> int:
-    """An int >= ``minimum`` (bools refused)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}") from None
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def check_layer_dtype(dtype: object) -> np.dtype:
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from None
-    if dt not in _LAYER_DTYPES:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
-    return dt
-
-
-def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
-    """The head size ``embed_dim // num_heads``, after checking that the heads divide."""
-    if embed_dim % num_heads:
-        raise ValueError(
-            f"num_heads={num_heads} does not divide embed_dim={embed_dim}: each head gets "
-            "embed_dim // num_heads features"
-        )
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: query head h "
-            "reads key/value head h // (num_heads // num_kv_heads)"
-        )
-    return embed_dim // num_heads
-
-
-def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
-    """A ``(B, L, features)`` or ``(L, features)`` float array."""
-    a = float_array(x, name)
-    if a.ndim > 3 or a.shape[-1] != features:
-        raise ValueError(
-            f"{name} must have shape (B, L, {features}) or (L, {features}) "
-            f"({feature_name}={features}), got shape {a.shape}"
-        )
-    return a
-
-
-def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
-    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
-    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
-    q = sequence_input(query, "query", embed_dim, "embed_dim")
-    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
-    if key is None and q.shape[-1] != kdim:
-        raise ValueError(
-            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
-            "pass key explicitly"
-        )
-    if value is None:
-        v = k
-        if k.shape[-1] != vdim:
-            raise ValueError(
-                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
-                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
-            )
-    else:
-        v = sequence_input(value, "value", vdim, "vdim")
-    for name, a in (("key", k), ("value", v)):
-        if a.ndim != q.ndim:
-            raise ValueError(
-                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
-                "(B, L, features) or both unbatched (L, features)"
-            )
-        if q.ndim == 3 and a.shape[0] != q.shape[0]:
-            raise ValueError(
-                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
-                f"({name} {a.shape}, query {q.shape})"
-            )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
-            f"(key {k.shape}, value {v.shape})"
-        )
-    batched = q.ndim == 3
-    if not batched:
-        q, k, v = q[None], k[None], v[None]
-    return q, k, v, batched
-
-
-def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
-    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
-    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
-    if valid_lens is None:
-        return None
-    vl = np.asarray(valid_lens)
-    if vl.dtype.kind not in "iu":
-        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
-    rows = (batch, num_q) if batched else (num_q,)
-    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
-        forms = "(B,) for one length per sequence or (B, Lq) for one per query" if batched \
-            else "() for one length or (Lq,) for one per query"
-        raise ValueError(
-            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
-            f"expected {forms} (size-1 axes broadcast)"
-        )
-    if not batched:
-        vl = vl[None] if vl.ndim else vl
-    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
-        vl = vl[:, None, :]
-    return vl
-
-
-def check_unbatched_mask(attn_mask: object, batched: bool):
-    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
-    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
-        raise ValueError(
-            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
-            "unbatched call (H, Lq, Lk)"
-        )
-    return attn_mask
-
-
-def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias,
-                       v_bias, out_bias):
-    """The functional form's weights checked: ``(num_kv_heads, [(weight, bias)] * 4)`` with
-    ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``, ``v_weight (Hkv * D, vdim)``,
-    ``out_weight (E, E)``, ``D = E // num_heads``; each bias ``(out_features,)`` or None."""
-    heads = check_size(num_heads, "num_heads")
-    pairs = []
-    for name, w, b in (("q", q_weight, q_bias), ("k", k_weight, k_bias),
-                       ("v", v_weight, v_bias), ("out", out_weight, out_bias)):
-        w = float_array(w, f"{name}_weight")
-        if w.ndim != 2:
-            raise ValueError(
-                f"{name}_weight must be 2-D (out_features, in_features), got shape {w.shape}"
-            )
-        if b is not None:
-            b = float_array(b, f"{name}_bias", min_ndim=1)
-            if b.shape != w.shape[:1]:
-                raise ValueError(
-                    f"{name}_bias must have shape {w.shape[:1]} (out_features of "
-                    f"{name}_weight {w.shape}), got {b.shape}"
-                )
-        pairs.append((w, b))
-    (wq, _), (wk, _), (wv, _), (wo, _) = pairs
-    e = wq.shape[1]
-    for name, w in (("q_weight", wq), ("out_weight", wo)):
-        if w.shape != (e, e):
-            raise ValueError(
-                f"{name} must have shape (E, E) = {(e, e)} (E from q_weight's in_features), "
-                f"got {w.shape}"
-            )
-    head_dim = check_head_split(e, heads, 1)
-    if wk.shape[0] % head_dim or wk.shape[0] == 0:
-        raise ValueError(
-            f"k_weight has {wk.shape[0]} out_features, not a positive multiple of the head "
-            f"size {head_dim} (E={e} // num_heads={heads})"
-        )
-    if wv.shape[0] != wk.shape[0]:
-        raise ValueError(
-            f"v_weight has {wv.shape[0]} out_features but k_weight has {wk.shape[0]}: "
-            "they must match (num_kv_heads * head_dim)"
-        )
-    num_kv = wk.shape[0] // head_dim
-    check_head_split(e, heads, num_kv)
-    return num_kv, pairs
-
-
-def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """``(B, L, H * D)`` -> ``(B, H, L, D)`` as a strided view (last axis stays unit-stride)."""
-    b, length, features = x.shape
-    return x.reshape(b, length, num_heads, features // num_heads).swapaxes(1, 2)
-
-
-def average_heads(weights: np.ndarray) -> np.ndarray:
-    """Mean over the head axis (-3), accumulated in at least float32."""
-    acc = np.promote_types(weights.dtype, np.float32)
-    return weights.mean(axis=-3, dtype=acc).astype(weights.dtype, copy=False)
-
+    from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 # --------------------------------------------------------------------------------------
 # The layer
@@ -231,13 +60,9 @@ class Projection:
         return self._weight
 
     @weight.setter
-    def weight(self, value) -> None:
-        a = float_array(value, f"{self._name}.weight", min_ndim=1)
-        if a.shape != self._weight.shape:
-            raise ValueError(
-                f"{self._name}.weight must have shape {self._weight.shape} "
-                f"(out_features, in_features), got {a.shape}"
-            )
+    def weight(self, value: ArrayLike) -> None:
+        a = check_parameter(value, f"{self._name}.weight", self._weight.shape,
+                            " (out_features, in_features)")
         self._weight = np.array(a, dtype=self._dtype)
 
     @property
@@ -245,14 +70,10 @@ class Projection:
         return self._bias
 
     @bias.setter
-    def bias(self, value) -> None:
+    def bias(self, value: ArrayLike) -> None:
         if self._bias is None:
             raise ValueError(f"{self._name} has no bias (the layer was made with bias=False)")
-        a = float_array(value, f"{self._name}.bias", min_ndim=1)
-        if a.shape != self._bias.shape:
-            raise ValueError(
-                f"{self._name}.bias must have shape {self._bias.shape}, got {a.shape}"
-            )
+        a = check_parameter(value, f"{self._name}.bias", self._bias.shape)
         self._bias = np.array(a, dtype=self._dtype)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -340,23 +161,6 @@ def _xavier_uniform(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return rng.uniform(-bound, bound, size=shape)
 
 
-def _to_numpy(value: object, name: str) -> np.ndarray:
-    """An array from a NumPy array, a torch tensor (duck-typed: no torch import) or a list."""
-    if hasattr(value, "detach") and hasattr(value, "numpy"):
-        t = value.detach()
-        if hasattr(t, "cpu"):
-            t = t.cpu()
-        try:
-            value = t.numpy()
-        except TypeError:  # e.g. bfloat16, which NumPy lacks
-            value = t.float().numpy()
-    return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
-
-
-_TORCH_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-               "in_proj_bias", "out_proj.weight", "out_proj.bias")
-
-
 class MultiHeadAttention:
     """Multi-head attention layer on NumPy arrays, with PyTorch's weight layout.
 
@@ -415,8 +219,10 @@ class MultiHeadAttention:
     True
     """
 
-    def __init__(self, embed_dim, num_heads, *, num_kv_heads=None, kdim=None, vdim=None,
-                 bias=True, dtype=np.float32, seed=None) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None, bias: bool = True,
+                 dtype: DTypeLike = np.float32,
+                 seed: int | np.random.Generator | None = None) -> None:
         self.embed_dim = check_size(embed_dim, "embed_dim")
         self.num_heads = check_size(num_heads, "num_heads")
         self.num_kv_heads = self.num_heads if num_kv_heads is None else check_size(
@@ -463,9 +269,12 @@ class MultiHeadAttention:
                 f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
                 f"bias={self.bias}, dtype={self.dtype})")
 
-    def __call__(self, query, key=None, value=None, *, attn_mask=None, valid_lens=None,
-                 is_causal=False, need_weights=False, average_attn_weights=True,
-                 kv_cache=None, num_threads=None):
+    def __call__(self, query: ArrayLike, key: ArrayLike | None = None,
+                 value: ArrayLike | None = None, *, attn_mask: ArrayLike | None = None,
+                 valid_lens: ArrayLike | None = None, is_causal: bool = False,
+                 need_weights: bool = False, average_attn_weights: bool = True,
+                 kv_cache: KVCache | None = None, num_threads: int | None = None,
+                 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
         """Attend from ``query`` to ``key``/``value``.
 
         Parameters
@@ -522,7 +331,8 @@ class MultiHeadAttention:
             v = split_heads(self.v_proj(v_in), self.num_kv_heads)
             alignment = "top_left"
         else:
-            start, stop = self._reserve(kv_cache, b, k_in.shape[1])
+            start, stop = kv_cache_rows(kv_cache, KVCache, (self.num_kv_heads, self.head_dim,
+                                                             self.dtype), b, k_in.shape[1])
             # Project the new positions straight into the cache's rows.
             self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, start:stop])
             self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, start:stop])
@@ -547,37 +357,7 @@ class MultiHeadAttention:
             weights = average_heads(weights)
         return out, (weights if batched else weights[0])
 
-    def _reserve(self, cache: object, batch: int, num_new: int) -> tuple[int, int]:
-        """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checks."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(
-                f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
-                f"got {type(cache).__name__}"
-            )
-        mine = (self.num_kv_heads, self.head_dim, self.dtype)
-        theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
-        if mine != theirs:
-            raise ValueError(
-                f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
-                f"dtype={theirs[2]}, but this layer has num_kv_heads={mine[0]}, "
-                f"head_dim={mine[1]}, dtype={mine[2]}"
-            )
-        if cache.batch != batch:
-            raise ValueError(
-                f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
-                f"{batch} (an unbatched call counts as batch 1)"
-            )
-        start = cache.length
-        stop = start + num_new
-        if stop > cache.max_len:
-            raise ValueError(
-                f"kv_cache is full: appending {num_new} positions to the {start} cached would "
-                f"exceed its max_len={cache.max_len}; make a larger one with "
-                "new_kv_cache(batch, max_len)"
-            )
-        return start, stop
-
-    def new_kv_cache(self, batch, max_len) -> KVCache:
+    def new_kv_cache(self, batch: int, max_len: int) -> KVCache:
         """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
 
         It holds ``2 * batch * max_len * num_kv_heads * head_dim`` values of the layer's
@@ -595,7 +375,7 @@ class MultiHeadAttention:
         return KVCache(check_size(batch, "batch"), check_size(max_len, "max_len"),
                        self.num_kv_heads, self.head_dim, self.dtype)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, np.ndarray]:
         """The weights under ``torch.nn.MultiheadAttention``'s state_dict names (NumPy
         arrays, copies): packed ``in_proj_weight`` when kdim == vdim == embed_dim, else
         ``q_proj_weight``/``k_proj_weight``/``v_proj_weight``; ``in_proj_bias`` and
@@ -623,7 +403,8 @@ class MultiHeadAttention:
         return sd
 
     @classmethod
-    def from_torch(cls, state_dict, num_heads, *, dtype=None) -> MultiHeadAttention:
+    def from_torch(cls, state_dict: Mapping[str, Any], num_heads: int, *,
+                   dtype: DTypeLike | None = None) -> MultiHeadAttention:
         """A layer holding the weights of a ``torch.nn.MultiheadAttention``.
 
         Parameters
@@ -655,78 +436,14 @@ class MultiHeadAttention:
         >>> mha
         MultiHeadAttention(embed_dim=8, num_heads=2, num_kv_heads=2, kdim=8, vdim=8, bias=False, dtype=float64)
         """  # noqa: E501 - a doctest output line
-        if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
-            raise TypeError(
-                f"state_dict must be a mapping of names to arrays or tensors, "
-                f"got {type(state_dict).__name__}"
-            )
-        names = set(state_dict.keys())
-        if {"bias_k", "bias_v"} & names:
-            raise ValueError(
-                "state_dict has bias_k/bias_v (torch's add_bias_kv=True), which "
-                "MultiHeadAttention does not support"
-            )
-        unexpected = sorted(str(n) for n in names - set(_TORCH_KEYS))
-        if unexpected:
-            raise ValueError(
-                f"state_dict has unexpected keys {unexpected}; expected names from "
-                f"{list(_TORCH_KEYS)} (strip any module prefix such as 'self_attn.')"
-            )
-        sd = {name: _to_numpy(state_dict[name], name) for name in names}
-        if "out_proj.weight" not in sd:
-            raise ValueError("state_dict has no 'out_proj.weight'")
-        wo = sd["out_proj.weight"]
-        if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-            raise ValueError(
-                f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}"
-            )
-        e = wo.shape[0]
-        separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
-        if "in_proj_weight" in sd:
-            if set(separate) & names:
-                raise ValueError(
-                    "state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight"
-                )
-            w = sd["in_proj_weight"]
-            if w.shape != (3 * e, e):
-                raise ValueError(
-                    f"state_dict['in_proj_weight'] must have shape (3E, E) = {(3 * e, e)} "
-                    f"(E={e} from out_proj.weight), got {w.shape}"
-                )
-            wq, wk, wv = np.split(w, 3)
-        elif set(separate) <= names:
-            wq, wk, wv = (sd[n] for n in separate)
-            for n, w in zip(separate, (wq, wk, wv)):
-                if w.ndim != 2 or w.shape[0] != e or (n == "q_proj_weight" and w.shape[1] != e):
-                    want = "(E, E)" if n == "q_proj_weight" else f"(E, {n[0]}dim)"
-                    raise ValueError(
-                        f"state_dict[{n!r}] must have shape {want} with E={e} "
-                        f"(from out_proj.weight), got {w.shape}"
-                    )
-        else:
-            raise ValueError(
-                "state_dict has neither 'in_proj_weight' nor all of 'q_proj_weight', "
-                f"'k_proj_weight', 'v_proj_weight'; got keys {sorted(map(str, names))}"
-            )
-        has_in_bias, has_out_bias = "in_proj_bias" in sd, "out_proj.bias" in sd
-        if has_in_bias != has_out_bias:
-            raise ValueError(
-                "state_dict must have both 'in_proj_bias' and 'out_proj.bias' or neither, "
-                f"got only {'in_proj_bias' if has_in_bias else 'out_proj.bias'}"
-            )
-        if has_in_bias:
-            for n, want in (("in_proj_bias", (3 * e,)), ("out_proj.bias", (e,))):
-                if sd[n].shape != want:
-                    raise ValueError(
-                        f"state_dict[{n!r}] must have shape {want} (E={e}), got {sd[n].shape}"
-                    )
+        sd, (wq, wk, wv, wo), has_bias = torch_state_dict(state_dict)
         if dtype is None:
             dtype = np.result_type(*sd.values())
-        layer = cls(e, num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_in_bias,
+        layer = cls(wo.shape[0], num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_bias,
                     dtype=dtype, seed=0)
         layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight = wq, wk, wv
         layer.out_proj.weight = wo
-        if has_in_bias:
+        if has_bias:
             layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias = np.split(
                 sd["in_proj_bias"], 3)
             layer.out_proj.bias = sd["out_proj.bias"]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+
+if TYPE_CHECKING:  # matplotlib is optional: its Axes/Colormap/AxesImage are typed as Any
+    from collections.abc import Sequence
+
+    from numpy.typing import ArrayLike
 
 
 def _labels(labels, count: int, name: str, axis: str):
@@ -16,8 +23,10 @@ def _labels(labels, count: int, name: str, axis: str):
     return labels
 
 
-def plot_attention(weights, x_labels=None, y_labels=None, ax=None, *, cmap="viridis",
-                   colorbar=True, vmin=None, vmax=None):
+def plot_attention(weights: ArrayLike, x_labels: Sequence[object] | None = None,
+                   y_labels: Sequence[object] | None = None, ax: Any = None, *,
+                   cmap: Any = "viridis", colorbar: bool = True, vmin: float | None = None,
+                   vmax: float | None = None) -> Any:
     """Draw an attention-weights matrix as a heatmap: one row per query, one column per key.
 
     Parameters

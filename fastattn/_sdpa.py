@@ -1,30 +1,44 @@
-"""fastattn.scaled_dot_product_attention: validation here, compute in fastattn._core."""
+"""fastattn.scaled_dot_product_attention: checked by :mod:`fastattn._validation`, prepared
+and finished by :mod:`fastattn._prepare`, computed by the blocked kernel of
+:mod:`fastattn._core` (or on the GPU by :mod:`fastattn._cuda` for CuPy arrays)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
-from fastattn._validate import check_flag, check_out, kernel_ready, sdpa_args, with_leading_axes
+from fastattn._prepare import (
+    attention_buffers,
+    attention_masks,
+    attention_result,
+    kernel_ready,
+    to_batch,
+)
+from fastattn._validation import check_flag, check_out, sdpa_args
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
     *,
-    valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
-    return_lse=False,
-    return_weights=False,
-    out=None,
-    num_threads=None,
-):
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, computed in blocks.
 
     No ``Lq x Lk`` score matrix is formed unless ``return_weights=True``.
@@ -100,36 +114,22 @@ def scaled_dot_product_attention(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        out = check_out(out, args.out_shape, args.result_dtype,
-                        {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                         "valid_lens": valid_lens})
+        check_out(out, args.out_shape, args.result_dtype,
+                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
+                   "valid_lens": valid_lens})
 
-    dtype = args.compute_dtype
+    dtype, batch = args.compute_dtype, args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
-    q, k, v = (args.full(kernel_ready(a, dtype)) for a in (args.query, args.key, args.value))
-    in_place = out is not None and out.dtype == dtype and out is kernel_ready(out, dtype)
-    if in_place:  # write straight into the caller's buffer
-        result = with_leading_axes(out, len(args.full_out_shape))
-    else:
-        result = np.empty(args.full_out_shape, dtype)
-    lse = np.empty(args.full_out_shape[:-1], dtype) if want_lse else None
-    weights = np.empty(args.full_scores_shape, dtype) if want_weights else None
+    q = to_batch(kernel_ready(args.query, dtype), batch)
+    k = to_batch(kernel_ready(args.key, dtype), batch)
+    v = to_batch(kernel_ready(args.value, dtype), batch)
+    bool_mask, float_mask, lens = attention_masks(args)
+    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
+
     left, right = args.window
+    _core.sdpa(query=q, key=k, value=v, out=result, bool_mask=bool_mask, float_mask=float_mask,
+               valid_lens=lens, lse=lse, weights=weights, scale=args.scale,
+               softcap=args.softcap or 0.0, causal=args.is_causal, diag_offset=args.diag_offset,
+               window_left=left, window_right=right, num_threads=threads)
 
-    _core.sdpa(q, k, v, result, args.bool_mask, args.float_mask, args.valid_lens, lse, weights,
-               args.scale, args.softcap or 0.0, args.is_causal, args.diag_offset, left, right,
-               threads)
-
-    output = result.reshape(args.out_shape)
-    if out is not None:
-        if not in_place:
-            np.copyto(out, output, casting="unsafe")
-        output = out
-    elif output.dtype != args.result_dtype:
-        output = output.astype(args.result_dtype)
-    extras = []
-    if want_lse:
-        extras.append(lse.reshape(args.out_shape[:-1]))
-    if want_weights:
-        extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype, copy=False))
-    return (output, *extras) if extras else output
+    return attention_result(args, out, result, in_place, lse, weights)

@@ -8,39 +8,22 @@ region, so calls made from other Python threads honour the setting too.
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
+
+from fastattn._validation import check_size
 
 _lock = threading.Lock()
 _setting: int | None = None  # set_num_threads(); None = follow the environment
 
 
-def _check_count(n: object, name: str) -> int:
-    if isinstance(n, bool):
-        raise TypeError(f"{name} must be an integer >= 1, got {n!r}")
-    try:
-        value = operator.index(n)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer >= 1, got {n!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
-# os.environ's own dict (bytes keys on POSIX), read per call: os.environ.get costs ~1 us
-# a variable, a noticeable part of a small call. Elsewhere, os.environ itself.
-_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-if not isinstance(_ENV_DATA, dict):
-    _ENV_DATA = None
 _env_seen: tuple = ()  # (raw values, the count they gave): the last environment parsed
 
 
 def _from_environment() -> int:
+    """The count the environment asks for; parsed again only when a variable changed."""
     global _env_seen
-    if _ENV_DATA is None:
-        return _parse_environment()
-    raws = (_ENV_DATA.get(b"FASTATTN_NUM_THREADS"), _ENV_DATA.get(b"OMP_NUM_THREADS"))
+    raws = (os.environ.get("FASTATTN_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS"))
     if raws == (None, None):
         return _available_cpus()
     if not (_env_seen and _env_seen[0] == raws):
@@ -61,7 +44,7 @@ def _parse_environment() -> int:
         if raw:
             first = raw.split(",")[0].strip()  # OMP_NUM_THREADS may list nesting levels
             try:
-                return _check_count(int(first), var)
+                return check_size(int(first), var, noun="an integer")
             except (TypeError, ValueError):
                 raise ValueError(
                     f"environment variable {var}={raw!r} is not a positive integer"
@@ -100,7 +83,7 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
 
     def __init__(self, n: int | None) -> None:
         global _setting
-        value = None if n is None else _check_count(n, "n")
+        value = None if n is None else check_size(n, "n", noun="an integer")
         with _lock:
             self._previous = _setting
             _setting = value
@@ -114,13 +97,9 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
             _setting = self._previous
 
 
-_CPU_COUNT = max(1, os.cpu_count() or 1)
-
-
-def _cap() -> int:
-    """At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
-    process's thread limit (OpenMP then aborts the interpreter)."""
-    return 4 * _CPU_COUNT
+# At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
+# process's thread limit (OpenMP then aborts the interpreter).
+_CAP = 4 * max(1, os.cpu_count() or 1)
 
 
 _forked_child = False
@@ -140,8 +119,11 @@ if hasattr(os, "register_at_fork"):
 def resolve(num_threads: int | None) -> int:
     """The thread count for one call (validating a per-call ``num_threads=``), capped at
     4 per CPU; 1 in a child process created by ``os.fork()``."""
-    n = get_num_threads() if num_threads is None else _check_count(num_threads, "num_threads")
-    return 1 if _forked_child else min(n, _cap())
+    if num_threads is None:
+        n = _setting if _setting is not None else _from_environment()
+    else:
+        n = check_size(num_threads, "num_threads", noun="an integer")
+    return 1 if _forked_child else min(n, _CAP)
 
 
 def _register_threadpoolctl() -> None:

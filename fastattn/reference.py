@@ -1,37 +1,38 @@
 """Plain-NumPy twins of fastattn's functions: the oracle for the tests.
 
 Same signatures as the fast functions, computed in float64 with whole score matrices,
-written for clarity rather than speed. These define the semantics (``DESIGN.md`` §2): the
-fast path must match them. Arguments are checked by the same validation layer, so bad
-input raises the same errors here.
+written for clarity rather than speed. They define the semantics written down in
+``docs/semantics.md``: the fast path must match them. Arguments are checked by the same
+validation layer (:mod:`fastattn._validation`), so bad input raises the same errors here,
+and masks reach the twins through the same preparation (:mod:`fastattn._prepare`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import numpy as np
 
 from fastattn import _threads
-from fastattn._mha import (
-    average_heads,
+from fastattn._compute import average_heads, split_heads, unit_rows
+from fastattn._prepare import attention_masks, softmax_masks, to_batch
+from fastattn._validation import (
+    additive_args,
+    attention_spec,
+    check_flag,
+    check_out,
     check_unbatched_mask,
     head_valid_lens,
     layer_inputs,
+    masked_softmax_args,
     projection_weights,
-    split_heads,
-)
-from fastattn._validate import (
-    check_flag,
-    check_out,
+    regression_args,
     result_dtypes,
     sdpa_args,
 )
-from fastattn._validate_family import (
-    additive_args,
-    attention_spec,
-    masked_softmax_args,
-    regression_args,
-    unit_rows,
-)
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "additive_attention",
@@ -77,22 +78,22 @@ def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
 
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
     *,
-    valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
-    return_lse=False,
-    return_weights=False,
-    out=None,
-    num_threads=None,
-):
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.scaled_dot_product_attention` (float64 inside).
 
     Keys that a row may not attend contribute nothing, even if their values are NaN.
@@ -113,35 +114,17 @@ def scaled_dot_product_attention(
                   {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
                    "valid_lens": valid_lens})
 
-    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
-    group = q.shape[-3] // k.shape[-3] if k.shape[-3] else 1  # zero heads: nothing to repeat
-    k = np.repeat(k, group, axis=-3)  # query head h reads kv head h // group
-    v = np.repeat(v, group, axis=-3)
-    num_q, num_k = q.shape[-2], k.shape[-2]
-
+    q, k, v = _full_qkv(args)
+    _, float_mask, _ = attention_masks(args)
     with np.errstate(invalid="ignore", over="ignore"):
         scores = (q @ np.swapaxes(k, -1, -2)) * args.scale
         if args.softcap is not None:
             scores = args.softcap * np.tanh(scores / args.softcap)
-        if args.float_mask is not None:
-            scores = scores + args.float_mask.astype(np.float64)
+        if float_mask is not None:
+            scores = scores + float_mask.astype(np.float64)
 
-    allowed = np.broadcast_to(
-        _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
-        args.full_scores_shape)
-    if args.valid_lens is not None:
-        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
-    if args.bool_mask is not None:
-        allowed = allowed & args.bool_mask
-
-    weights, lse = _softmax_rows(scores, allowed)
-    if np.isfinite(v).all():
-        output = weights @ v
-    else:  # values of keys a row does not attend must not reach it (0 * NaN = NaN)
-        with np.errstate(invalid="ignore", over="ignore"):
-            w = weights[..., None]
-            terms = np.where(w != 0, w * v[..., None, :, :], 0.0)  # NaN weights stay NaN
-            output = terms.sum(axis=-2)  # inf + -inf = NaN
+    weights, lse = _softmax_rows(scores, _allowed(args, q.shape[-2], k.shape[-2]))
+    output = _weighted_values(weights, v)  # keys a row does not attend never reach it
 
     output = output.reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
@@ -155,7 +138,15 @@ def scaled_dot_product_attention(
     return (output, *extras) if extras else output
 
 
-def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
+def masked_softmax(
+    x: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    *,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating]:
     """Softmax of ``x`` along ``axis`` over the entries kept by ``valid_lens`` and ``mask``.
 
     ``valid_lens`` (int) keeps entries ``j < valid_len``; its shape is a leading prefix of
@@ -173,11 +164,12 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     _threads.resolve(num_threads)
     ax = args.axis
     moved = np.moveaxis(args.x, ax, -1).astype(np.float64)
+    keep, lens = softmax_masks(args)
     allowed = np.ones(moved.shape, dtype=bool)
-    if args.valid_lens is not None:
-        allowed &= np.arange(moved.shape[-1]) < args.valid_lens[..., None]
-    if args.mask is not None:
-        allowed &= np.moveaxis(args.mask, ax, -1)
+    if lens is not None:
+        allowed &= np.arange(moved.shape[-1]) < lens[..., None]
+    if keep is not None:
+        allowed &= np.moveaxis(keep, ax, -1)
     weights, _ = _softmax_rows(moved, allowed)
     weights = np.moveaxis(weights, -1, ax).astype(args.result_dtype)
     if out is not None:
@@ -186,11 +178,27 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     return weights
 
 
-def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_weight,
-                         v_weight, out_weight, q_bias=None, k_bias=None, v_bias=None,
-                         out_bias=None, attn_mask=None, valid_lens=None, is_causal=False,
-                         causal_alignment="top_left", need_weights=False,
-                         average_attn_weights=True):
+def multi_head_attention(
+    query: ArrayLike,
+    key: ArrayLike | None = None,
+    value: ArrayLike | None = None,
+    *,
+    num_heads: int,
+    q_weight: ArrayLike,
+    k_weight: ArrayLike,
+    v_weight: ArrayLike,
+    out_weight: ArrayLike,
+    q_bias: ArrayLike | None = None,
+    k_bias: ArrayLike | None = None,
+    v_bias: ArrayLike | None = None,
+    out_bias: ArrayLike | None = None,
+    attn_mask: ArrayLike | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    need_weights: bool = False,
+    average_attn_weights: bool = True,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
     """NumPy twin of :class:`fastattn.MultiHeadAttention`, as a function (float64 inside).
 
     Projections ``x @ weight.T + bias``, heads split, :func:`scaled_dot_product_attention`
@@ -255,13 +263,14 @@ def multi_head_attention(query, key=None, value=None, *, num_heads, q_weight, k_
 
 def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
     """Full-shape bool: causal/window, valid_lens and the bool mask, ANDed."""
+    bool_mask, _, lens = attention_masks(args)
     allowed = np.broadcast_to(
         _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
         args.full_scores_shape)
-    if args.valid_lens is not None:
-        allowed = allowed & (np.arange(num_k) < args.valid_lens[..., None])
-    if args.bool_mask is not None:
-        allowed = allowed & args.bool_mask
+    if lens is not None:
+        allowed = allowed & (np.arange(num_k) < lens[..., None])
+    if bool_mask is not None:
+        allowed = allowed & bool_mask
     return allowed
 
 
@@ -312,9 +321,10 @@ def _additive_scores(q: np.ndarray, k: np.ndarray, ws) -> np.ndarray:
 def _family_result(args, scores, normalize, top_k, v, want_weights, out):
     """Masks, normaliser, weighted values, dtype and out= handling shared by the twins."""
     num_q, num_k = scores.shape[-2], scores.shape[-1]
-    if args.float_mask is not None:
+    _, float_mask, _ = attention_masks(args)
+    if float_mask is not None:
         with np.errstate(invalid="ignore", over="ignore"):
-            scores = scores + args.float_mask.astype(np.float64)
+            scores = scores + float_mask.astype(np.float64)
     weights = _normalize_rows(scores, _allowed(args, num_q, num_k), normalize, top_k)
     output = _weighted_values(weights, v).reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
@@ -327,14 +337,29 @@ def _family_result(args, scores, normalize, top_k, v, want_weights, out):
 
 def _full_qkv(args):
     """q, k, v in float64, broadcast to the batch, kv heads repeated for each query head."""
-    q, k, v = (args.full(a).astype(np.float64) for a in (args.query, args.key, args.value))
-    group = q.shape[-3] // max(k.shape[-3], 1)
+    q, k, v = (to_batch(a, args.batch).astype(np.float64)
+               for a in (args.query, args.key, args.value))
+    group = q.shape[-3] // max(k.shape[-3], 1)  # zero heads: nothing to repeat
     return q, np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
 
 
-def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
-                       is_causal=False, causal_alignment="top_left", window=None,
-                       return_weights=False, out=None, num_threads=None):
+def additive_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.additive_attention`: the d2l broadcast formula in
     float64, forming the whole ``(..., Lq, Lk, hidden)`` tensor.
 
@@ -357,11 +382,31 @@ def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, vali
     return _family_result(args, scores, "softmax", None, v, want_weights, out)
 
 
-def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normalize="softmax",
-              scale=None, weight=None, temperature=None, bandwidth=None, w_q=None, w_k=None,
-              w_v=None, top_k=None, valid_lens=None, is_causal=False,
-              causal_alignment="top_left", window=None, return_weights=False, out=None,
-              num_threads=None):
+def attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
+                   "additive"] = "scaled_dot",
+    normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
+    scale: float | None = None,
+    weight: ArrayLike | None = None,
+    temperature: float | None = None,
+    bandwidth: float | None = None,
+    w_q: ArrayLike | None = None,
+    w_k: ArrayLike | None = None,
+    w_v: ArrayLike | None = None,
+    top_k: int | None = None,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.attention`: each score from its definition (gaussian
     from the differences ``q - k``, cosine from normalised rows), whole score matrices,
     float64.
@@ -405,8 +450,17 @@ def attention(query, key, value, attn_mask=None, *, score="scaled_dot", normaliz
     return _family_result(args, scores, spec.normalize, spec.top_k, v, want_weights, out)
 
 
-def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1.0,
-                    return_weights=False, out=None, num_threads=None):
+def nadaraya_watson(
+    x_query: ArrayLike,
+    x_keys: ArrayLike,
+    y_values: ArrayLike,
+    *,
+    kernel: Literal["gaussian", "boxcar", "triangular", "epanechnikov"] = "gaussian",
+    bandwidth: float | ArrayLike | Literal["silverman"] = 1.0,
+    return_weights: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.nadaraya_watson` (float64, whole weight matrix).
 
     >>> import numpy as np
@@ -421,7 +475,7 @@ def nadaraya_watson(x_query, x_keys, y_values, *, kernel="gaussian", bandwidth=1
     if out is not None:
         check_out(out, ra.out_shape, ra.result_dtype,
                   {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
-    xq, xk, y = (np.broadcast_to(a, ra.batch + a.shape[-2:]).astype(np.float64)
+    xq, xk, y = (to_batch(a, ra.batch, 2).astype(np.float64)
                  for a in (ra.x_query, ra.x_keys, ra.y_values))
     h = ra.bandwidth[..., None, None]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
-from fastattn._validate_family import silverman_bandwidth
+from fastattn._compute import silverman_bandwidth
 
 from helpers.family_checks import (
     DTYPES,

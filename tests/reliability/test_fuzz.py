@@ -50,12 +50,13 @@ from hypothesis import strategies as st
 
 import fastattn
 from fastattn import reference
-from fastattn._validate import result_dtypes, sdpa_args
-from fastattn._validate_family import (
+from fastattn._compute import silverman_bandwidth
+from fastattn._validation import (
     additive_args,
     attention_spec,
     regression_args,
-    silverman_bandwidth,
+    result_dtypes,
+    sdpa_args,
 )
 
 from helpers.attention_checks import assert_close_attention, unpack

@@ -1,0 +1,161 @@
+"""From checked arguments to the kernels' arrays, and from the kernels' buffers to what a
+call returns; used by every public function on the CPU and by the NumPy twins.
+
+Preparing: conversions to the compute dtype that copy only when needed (native byte
+order, aligned, strides in whole items, a unit-stride last axis where the kernel needs
+one), broadcast views in place of broadcast copies, masks and valid_lens at full shape
+(zero-copy), and the result buffer (the caller's ``out=`` itself when the kernel can
+write it). Finishing: the caller's shapes, the result dtype, ``out=`` filled, and the
+return tuple.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # (_validation imports _compute, which imports this module)
+    from fastattn._validation import SdpaArgs, SoftmaxArgs
+
+# --------------------------------------------------------------------------------------
+# Arrays for the kernels
+
+
+def kernel_ready(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` in ``dtype``, native byte order, aligned, unit-stride last axis; copies only if
+    needed."""
+    if a.dtype != dtype:  # also catches non-native byte order
+        a = a.astype(dtype, order="K")
+    flags = a.flags
+    if flags.c_contiguous and flags.aligned:
+        return a
+    if a.ndim and (
+        (a.shape[-1] > 1 and a.strides[-1] != a.itemsize)
+        or any(s % a.itemsize for s in a.strides)
+        or not flags.aligned
+    ):
+        # A copy, not np.ascontiguousarray: that returns a contiguous but unaligned array
+        # as it is, and the kernels read whole elements through typed pointers.
+        a = a.copy(order="C")
+    return a
+
+
+def item_aligned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` in ``dtype``, native byte order, aligned, strides in whole items (any layout);
+    copies only if needed."""
+    if a.dtype != dtype:
+        a = a.astype(dtype, order="K")
+    if any(s % a.itemsize for s in a.strides) or not a.flags.aligned:
+        a = a.copy(order="C")  # (np.ascontiguousarray may hand back an unaligned array)
+    return a
+
+
+def contiguous(a, dtype: np.dtype) -> np.ndarray:
+    """``a`` as a C-contiguous, aligned array of ``dtype`` (copies only if needed)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return a if a.flags.aligned else a.copy()
+
+
+def with_leading_axes(a, ndim: int):
+    """A view of ``a`` with size-1 axes prepended up to ``ndim`` dims."""
+    return a[(None,) * (ndim - a.ndim)] if a.ndim < ndim else a
+
+
+def to_batch(a: np.ndarray, batch: tuple, trailing: int = 3) -> np.ndarray:
+    """``a`` broadcast to ``batch`` + its last ``trailing`` axes: a view."""
+    if a.shape[:-trailing] == batch:
+        return a
+    return np.broadcast_to(a, batch + a.shape[-trailing:])
+
+
+def lens_view(valid_lens: np.ndarray, rows_ndim: int, full_rows: tuple) -> np.ndarray:
+    """Checked valid_lens (a prefix of the caller's ``rows_ndim``-D rows) as the kernels
+    read them: int64, size-1 axes appended up to the rows' dims, broadcast to
+    ``full_rows`` (a view)."""
+    vl = item_aligned(valid_lens, np.dtype(np.int64))
+    return np.broadcast_to(vl.reshape(vl.shape + (1,) * (rows_ndim - vl.ndim)), full_rows)
+
+
+def attention_masks(args: SdpaArgs):
+    """(bool mask, float mask, valid_lens) of a checked attention call at full shape
+    (zero-copy views; the float mask in the compute dtype), None where not given."""
+    bool_mask = float_mask = lens = None
+    if args.attn_mask is not None:
+        m = args.attn_mask
+        full = np.broadcast_to(item_aligned(m, m.dtype if m.dtype == np.bool_
+                                            else args.compute_dtype), args.full_scores_shape)
+        if full.dtype == np.bool_:
+            bool_mask = full
+        else:
+            float_mask = full
+    if args.valid_lens is not None:
+        lens = lens_view(args.valid_lens, len(args.out_shape) - 1, args.full_out_shape[:-1])
+    return bool_mask, float_mask, lens
+
+
+def softmax_masks(args: SoftmaxArgs):
+    """(mask broadcast to x's shape, valid_lens broadcast to the rows' shape), or None."""
+    mask = None if args.mask is None else np.broadcast_to(args.mask, args.x.shape)
+    rows = args.rows_shape
+    lens = None if args.valid_lens is None else lens_view(args.valid_lens, len(rows), rows)
+    return mask, lens
+
+
+# --------------------------------------------------------------------------------------
+# Results
+
+
+def result_buffer(out, shape: tuple, dtype: np.dtype, any_layout: bool = False):
+    """(the array the kernel writes, whether it is the caller's ``out``): ``out`` itself
+    when it is in the compute dtype and the kernel can write it where it lies (aligned;
+    a unit-stride last axis unless ``any_layout``), else a new array of ``shape``."""
+    if out is not None and out.dtype == dtype:
+        ready = item_aligned(out, dtype) if any_layout else kernel_ready(out, dtype)
+        if ready is out:
+            return with_leading_axes(out, len(shape)), True
+    return np.empty(shape, dtype), False
+
+
+def finish(result: np.ndarray, shape: tuple, dtype: np.dtype, out, in_place: bool):
+    """The caller's output: ``result`` in ``shape`` and ``dtype``, or ``out`` filled."""
+    output = result.reshape(shape)
+    if out is not None:
+        if not in_place:
+            np.copyto(out, output, casting="unsafe")
+        return out
+    return output if output.dtype == dtype else output.astype(dtype)
+
+
+def extra(a: np.ndarray | None, shape: tuple, dtype: np.dtype | None = None):
+    """An extra result (lse, weights) in the caller's shape (and ``dtype``), or None."""
+    if a is None:
+        return None
+    a = a.reshape(shape)
+    return a if dtype is None else a.astype(dtype, copy=False)
+
+
+def pack(output, *extras):
+    """``output``, or ``(output, *extras)`` with the extras that were asked for."""
+    found = [x for x in extras if x is not None]
+    return (output, *found) if found else output
+
+
+def attention_buffers(args: SdpaArgs, out, want_lse: bool, want_weights: bool):
+    """(result, whether it is ``out``, lse or None, weights or None) at full shape, in the
+    compute dtype: what an attention kernel writes."""
+    dtype = args.compute_dtype
+    result, in_place = result_buffer(out, args.full_out_shape, dtype)
+    lse = np.empty(args.full_out_shape[:-1], dtype) if want_lse else None
+    weights = np.empty(args.full_scores_shape, dtype) if want_weights else None
+    return result, in_place, lse, weights
+
+
+def attention_result(args: SdpaArgs, out, result, in_place, lse, weights):
+    """What an attention call returns: output, then lse and weights if asked for (lse in
+    the compute dtype, weights in the result dtype)."""
+    output = finish(result, args.out_shape, args.result_dtype, out, in_place)
+    if lse is None and weights is None:
+        return output
+    return pack(output, extra(lse, args.out_shape[:-1]),
+                extra(weights, args.scores_shape, args.result_dtype))
