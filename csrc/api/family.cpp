@@ -224,7 +224,7 @@ void additive_attention(const FamilyCall& c) {
   p.w_k = c.w_k.data;
   p.w_v = c.w_v.data;
   const KernelTable& kernels = active_kernels();
-  const bool ok = itemsize == 4 ? kernels.additive_f32(p) : kernels.additive_f64(p);
+  const bool ok = itemsize == 4 ? kernels.additive_attention_f32(p) : kernels.additive_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -234,7 +234,7 @@ void select_attention(const FamilyCall& c) {
   set_normalizer(p, c, fn);
   require(p.normalizer == Normalizer::kSelect, fn, "the select kernel needs normalizer 1");
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.query.itemsize == 4 ? kernels.select_f32(p) : kernels.select_f64(p);
+  const bool ok = c.query.itemsize == 4 ? kernels.select_attention_f32(p) : kernels.select_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

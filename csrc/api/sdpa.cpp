@@ -142,7 +142,7 @@ void scaled_dot_product_attention(const SdpaCall& c) {
   p.l1_bytes = l1_data_cache_bytes();
 
   const KernelTable& kernels = active_kernels();
-  const bool ok = itemsize == 4 ? kernels.sdpa_f32(p) : kernels.sdpa_f64(p);
+  const bool ok = itemsize == 4 ? kernels.sdpa_forward_f32(p) : kernels.sdpa_forward_f64(p);
   if (!ok) throw ScratchAllocationError("sdpa");
 }
 

@@ -9,7 +9,6 @@
 //      (or hardmax/top-k) and P V.
 #pragma once  // per translation unit
 
-#include "kernels/activations-inl.h"
 #include "kernels/family-inl.h"
 
 namespace fastattn {
@@ -74,20 +73,22 @@ struct AdditiveScores {
         const V k0 = vload(panel + h * L), k1 = vload(panel + (h + 1) * L);
         const T c0 = w[h], c1 = w[h + 1];
         for (int rr = 0; rr < RT; ++rr) {
-          const V d0 = vmin<T>(q0[rr * H + h] * k0 + one, big);
-          const V d1 = vmin<T>(q0[rr * H + h + 1] * k1 + one, big);
-          acc[rr] += (c0 * d1 + c1 * d0) / (d0 * d1);
+          const V d0 = vmin(vfma(vbroadcast(q0[rr * H + h]), k0, one), big);
+          const V d1 = vmin(vfma(vbroadcast(q0[rr * H + h + 1]), k1, one), big);
+          acc[rr] += vfma(vbroadcast(c0), d1, c1 * d0) / (d0 * d1);
         }
       }
       if (h < H) {
         const V k0 = vload(panel + h * L);
-        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] / vmin<T>(q0[rr * H + h] * k0 + one, big);
+        for (int rr = 0; rr < RT; ++rr)
+          acc[rr] += w[h] / vmin(vfma(vbroadcast(q0[rr * H + h]), k0, one), big);
       }
       for (int rr = 0; rr < RT; ++rr) acc[rr] = sh.w_sum - acc[rr];
     } else {
       for (int64_t h = 0; h < H; ++h) {
         const V kv = vload(panel + h * L);
-        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] * tanh_fast_vec<T>(q0[rr * H + h] + kv);
+        for (int rr = 0; rr < RT; ++rr)
+          acc[rr] = vfma(vbroadcast(w[h]), tanh_fast_vec<T>(q0[rr * H + h] + kv), acc[rr]);
       }
     }
   }

@@ -23,40 +23,15 @@
 #include <cstring>
 
 #include "api/family_params.h"
-#include "kernels/math-inl.h"
+#include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace family {
 
-// GCC/Clang vector extensions: one register of this ISA; FASTATTN_VEC_BYTES == 0 is the
-// scalar reference path (one-lane "vectors").
-template <typename T>
-constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
-template <typename T>
-struct VecOf {
-  typedef T type __attribute__((vector_size(kVecBytes<T>)));
-};
-template <typename T>
-constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
 template <typename T>
 constexpr int kColTile = 2 * kLanes<T>;  // keys are scored in whole tiles of this many
 constexpr int kRowTile = 4;              // query rows per register tile
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
-
-template <typename T>
-inline typename VecOf<T>::type vload(const T* p) {
-  typename VecOf<T>::type v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-inline void vstore(T* p, typename VecOf<T>::type v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
 
 template <typename T>
 inline T neg_inf() {
@@ -65,24 +40,6 @@ inline T neg_inf() {
 template <typename T>
 inline T quiet_nan() {
   return T(__builtin_nan(""));
-}
-
-// Sum of the lanes, lane 0 first.
-template <typename T, typename V>
-inline T lane_sum(V v) {
-  T s = 0;
-  for (int i = 0; i < kLanes<T>; ++i) s += v[i];
-  return s;
-}
-// Max of the lanes; a NaN lane wins (NaN propagates to the output).
-template <typename T, typename V>
-inline T lane_max(V v) {
-  T m = neg_inf<T>();
-  for (int i = 0; i < kLanes<T>; ++i) {
-    const T x = v[i];
-    m = (x > m || x != x) ? x : m;
-  }
-  return m;
 }
 
 // A bump allocator over one aligned block: run the layout once with base == nullptr to
@@ -115,10 +72,11 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
     for (int64_t d = 0; d < din; ++d) {
       const T xd = x[d];
       const T* wr = w + d * dout + c;
-      a0 += xd * vload(wr);
-      a1 += xd * vload(wr + L);
-      a2 += xd * vload(wr + 2 * L);
-      a3 += xd * vload(wr + 3 * L);
+      const V xv = vbroadcast(xd);
+      a0 = vfma(xv, vload(wr), a0);
+      a1 = vfma(xv, vload(wr + L), a1);
+      a2 = vfma(xv, vload(wr + 2 * L), a2);
+      a3 = vfma(xv, vload(wr + 3 * L), a3);
     }
     vstore(out + c, a0);
     vstore(out + c + L, a1);
@@ -127,12 +85,12 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
   }
   for (; c + L <= dout; c += L) {
     V a = {};
-    for (int64_t d = 0; d < din; ++d) a += x[d] * vload(w + d * dout + c);
+    for (int64_t d = 0; d < din; ++d) a = vfma(vbroadcast(x[d]), vload(w + d * dout + c), a);
     vstore(out + c, a);
   }
   for (; c < dout; ++c) {
     T a = 0;
-    for (int64_t d = 0; d < din; ++d) a += x[d] * w[d * dout + c];
+    for (int64_t d = 0; d < din; ++d) a = vfma(x[d], w[d * dout + c], a);
     out[c] = a;
   }
 }
@@ -322,8 +280,8 @@ inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int6
     if (pj == T(0)) continue;
     const T* vr = v + j * v_row_stride;
     int64_t c = 0;
-    for (; c + L <= dv; c += L) vstore(acc + c, vload(acc + c) + pj * vload(vr + c));
-    for (; c < dv; ++c) acc[c] += pj * vr[c];
+    for (; c + L <= dv; c += L) vstore(acc + c, vfma(vbroadcast(pj), vload(vr + c), vload(acc + c)));
+    for (; c < dv; ++c) acc[c] = vfma(pj, vr[c], acc[c]);
   }
 }
 
@@ -344,8 +302,8 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
       const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
       for (int rr = 0; rr < RT; ++rr) {
         const T pj = p[rr * p_ld + j];
-        a[rr][0] += pj * v0;
-        a[rr][1] += pj * v1;
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
       }
     }
     for (int rr = 0; rr < RT; ++rr) {
@@ -356,7 +314,7 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
   for (; c < dv; ++c) {
     for (int rr = 0; rr < RT; ++rr) {
       T a = acc[rr * acc_ld + c];
-      for (int64_t j = 0; j < n; ++j) a += p[rr * p_ld + j] * v[j * v_row_stride + c];
+      for (int64_t j = 0; j < n; ++j) a = vfma(p[rr * p_ld + j], v[j * v_row_stride + c], a);
       acc[rr * acc_ld + c] = a;
     }
   }
@@ -408,10 +366,10 @@ inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, int6
         V a0 = {}, a1 = {};
         const T* col = vt + c * ld;
         for (int64_t j = 0; j < ncols; j += 2 * L) {
-          a0 += vload(p + j) * vload(col + j);
-          a1 += vload(p + j + L) * vload(col + j + L);
+          a0 = vfma(vload(p + j), vload(col + j), a0);
+          a1 = vfma(vload(p + j + L), vload(col + j + L), a1);
         }
-        acc[r * dv + c] += lane_sum<T>(a0 + a1);
+        acc[r * dv + c] += reduce_add<T>(a0 + a1);
       }
     }
     return;
@@ -484,7 +442,7 @@ struct OnlineSoftmax {
         const V x = vload(sr + j);
         vmax = (x > vmax) | (x != x) ? x : vmax;
       }
-      const T mx = lane_max<T>(vmax);
+      const T mx = reduce_max_nan<T>(vmax);
       const T m_old = m[r];
       const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
       if (m_new == ninf) {  // everything so far masked
@@ -499,14 +457,14 @@ struct OnlineSoftmax {
         vsum += e;
         vzeros += e == T(0) ? V{} + T(1) : V{};
       }
-      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);  // padding is always 0
+      zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);  // padding is always 0
       if (m_new != m_old) {  // e^-inf = 0 on first use
         const T alpha = exp_approx(m_old - m_new);
         T* a = acc + r * p.dim_v;
         for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
         l[r] *= alpha;
       }
-      l[r] += lane_sum<T>(vsum);
+      l[r] += reduce_add<T>(vsum);
       m[r] = m_new;
     }
     accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
@@ -689,7 +647,7 @@ struct SelectTopK {
         if (wrow) wrow[rj[e]] = we;
         if (we == T(0)) continue;
         const T* vr = t.v + rj[e] * p.v.row_stride;
-        for (int64_t c = 0; c < dv; ++c) o[c] += we * vr[c];
+        for (int64_t c = 0; c < dv; ++c) o[c] = vfma(we, vr[c], o[c]);
       }
     }
   }
@@ -741,8 +699,8 @@ struct DotScores {
           const V k0 = vload(kt + e * ld + c), k1 = vload(kt + e * ld + c + L);
           for (int rr = 0; rr < RT; ++rr) {
             const T qv = q[(r + rr) * E + e];
-            acc[rr][0] += qv * k0;
-            acc[rr][1] += qv * k1;
+            acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+            acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
           }
         }
         for (int rr = 0; rr < RT; ++rr) {
@@ -756,8 +714,8 @@ struct DotScores {
         V a0 = {}, a1 = {};
         for (int64_t e = 0; e < E; ++e) {
           const T qv = q[r * E + e];
-          a0 += qv * vload(kt + e * ld + c);
-          a1 += qv * vload(kt + e * ld + c + L);
+          a0 = vfma(vbroadcast(qv), vload(kt + e * ld + c), a0);
+          a1 = vfma(vbroadcast(qv), vload(kt + e * ld + c + L), a1);
         }
         vstore(s + r * ld + c, a0);
         vstore(s + r * ld + c + L, a1);

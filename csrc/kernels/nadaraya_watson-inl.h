@@ -77,7 +77,7 @@ struct DistanceScores {
         V acc = {};
         for (int64_t e = 0; e < D; ++e) {
           const V d = qr[e] - vload(kt + e * ld + col);
-          acc += d * d;
+          acc = vfma(d, d, acc);
         }
         vstore(s + r * ld + col, c * acc);
       }
@@ -160,8 +160,8 @@ struct KernelSum {
         vsum += w;
         vzeros += w == T(0) ? V{} + T(1) : V{};
       }
-      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);
-      l[r] += lane_sum<T>(vsum);
+      zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);
+      l[r] += reduce_add<T>(vsum);
       if (t.weights)
         std::memcpy(t.weights + (t.i0 + r) * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));

@@ -18,7 +18,6 @@
 #include <type_traits>
 
 #include "api/sdpa_params.h"
-#include "kernels/math-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -32,10 +31,6 @@ struct SdpaTraits {
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 
 // Keys per block: the packed K^T block (head_dim x keys) takes about twice the L1 data
 // cache (its panels stream through L1 one column tile at a time; measured best here).
@@ -197,8 +192,8 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
         const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
         for (int rr = 0; rr < RT; ++rr) {
           const T qv = q[(r + rr) * head_dim + e];
-          acc[rr][0] += qv * k0;
-          acc[rr][1] += qv * k1;
+          acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+          acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
         }
       }
       for (int rr = 0; rr < RT; ++rr) {
@@ -207,38 +202,6 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
       }
     }
   }
-}
-
-// Sum of a vector's lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...),
-// the order reduce_lanes_of gives every lane it produces.
-template <typename T>
-inline T tree_sum(typename VecOf<T>::type x) {
-  constexpr int L = SdpaTraits<T>::kLanes;
-  T t[L];
-  for (int i = 0; i < L; ++i) t[i] = x[i];
-  for (int w = 1; w < L; w *= 2)
-    for (int i = 0; i < L; i += 2 * w) t[i] = t[i] + t[i + w];
-  return t[0];
-}
-
-// a[0..L) -> one vector whose lane i is tree_sum(a[i]): log2(L) rounds of adding the even
-// and odd lanes of neighbouring vectors.
-template <typename T>
-inline typename VecOf<T>::type reduce_lanes_of(typename VecOf<T>::type* a) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = SdpaTraits<T>::kLanes;
-  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
-  typedef I M __attribute__((vector_size(sizeof(V))));
-  M even, odd;
-  for (int i = 0; i < L; ++i) {
-    even[i] = 2 * i;
-    odd[i] = 2 * i + 1;
-  }
-  for (int count = L; count > 1; count /= 2)
-    for (int i = 0; i < count / 2; ++i)
-      a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
-             __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
-  return a[0];
 }
 
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
@@ -260,20 +223,20 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
         for (int i = 0; i < L; ++i) acc[i] = V{};
         for (int64_t e = 0; e < e_whole; e += L) {
           const V qv = vload(qr + e);
-          for (int i = 0; i < L; ++i) acc[i] += qv * vload(k + (j + i) * k_row_stride + e);
+          for (int i = 0; i < L; ++i) acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
         }
         V dots = reduce_lanes_of<T>(acc);
         for (int64_t e = e_whole; e < head_dim; ++e)
-          for (int i = 0; i < L; ++i) dots[i] += qr[e] * k[(j + i) * k_row_stride + e];
+          for (int i = 0; i < L; ++i) dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
         vstore(sr + j, dots);
       }
     }
     for (; j < n; ++j) {
       const T* kr = k + j * k_row_stride;
       V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L) acc += vload(qr + e) * vload(kr + e);
-      T dot = tree_sum<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot += qr[e] * kr[e];
+      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
+      T dot = reduce_add<T>(acc);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
       sr[j] = dot;
     }
   }
@@ -292,7 +255,7 @@ inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride,
     const T pj = p[j];
     if (pj == T(0)) continue;
     const T* vr = v + j * v_row_stride + c;
-    for (int u = 0; u < U; ++u) a[u] += pj * vload(vr + u * L);
+    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload(vr + u * L), a[u]);
   }
   for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
 }
@@ -321,7 +284,7 @@ inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int6
   for (; c < dv; ++c) {
     T a = acc[c];
     for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a += p[j] * v[j * v_row_stride + c];
+      if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
     acc[c] = a;
   }
 }
@@ -346,8 +309,8 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
       const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
       for (int rr = 0; rr < RT; ++rr) {
         const T pj = p[rr * p_ld + j];
-        a[rr][0] += pj * v0;
-        a[rr][1] += pj * v1;
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
       }
     }
     for (int rr = 0; rr < RT; ++rr) {
@@ -468,8 +431,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       const V x = vload(s + j);
       vmax = x > vmax ? x : vmax;
     }
-    T mx = kNegInf;
-    for (int lane = 0; lane < L; ++lane) mx = vmax[lane] > mx ? vmax[lane] : mx;
+    T mx = reduce_max<T>(vmax);
     if (mx == kNegInf)
       for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
@@ -484,8 +446,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       vstore(s + j, e);
       vsum += e;
     }
-    T sum = 0;
-    for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
+    const T sum = reduce_add<T>(vsum);
     // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
       const T alpha = exp2_approx((m_old - m_new) * log2e);
@@ -709,8 +670,8 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
         const T* src = part + sp * split_stride + r * (Ev + 2);
         if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
         const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
-        l += w * src[Ev + 1];
-        for (int64_t c = 0; c < Ev; ++c) out[c] += w * src[c];
+        l = vfma(w, src[Ev + 1], l);
+        for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
       }
       const T inv = T(1) / l;
       for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
