@@ -22,7 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/family_params.h"
+#include "api/params.h"
+#include "kernels/attention-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -54,12 +55,6 @@ struct Arena {
     return p;
   }
 };
-
-inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
-  int64_t off = 0;
-  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
-  return off;
-}
 
 // out[0:dout) = x[0:din) @ w, w C-contiguous (din, dout); the sum runs over d in order.
 template <typename T>
@@ -116,19 +111,6 @@ struct Task {
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
-// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together
-// (the rule of DESIGN.md §2, as the SDPA kernel applies it).
-inline void row_key_range(const FamilyParams& p, int64_t row, int64_t valid_len, int64_t* lo,
-                          int64_t* hi) {
-  int64_t l = 0, h = imin(p.len_k, valid_len);
-  const int64_t d = row + p.diag_offset;
-  if (p.causal) h = imin(h, d + 1);
-  if (p.window_left >= 0) l = imax(l, d - p.window_left);
-  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
-  *lo = l;
-  *hi = imax(h, l);
-}
-
 template <typename T>
 void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t i0,
                 int64_t nrows) {
@@ -180,7 +162,6 @@ void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int
   if (t.weights) std::memset(t.weights + t.i0 * Lk, 0, size_t(t.nrows * Lk) * sizeof(T));
   sc.begin(t);
   nm.begin(t);
-  const T ninf = neg_inf<T>();
   for (int64_t kb = t.klo; kb < t.khi; kb += block_k) {
     const int64_t n = imin(block_k, t.khi - kb);
     const int64_t ncols = round_up(n, kColTile<T>);
@@ -193,18 +174,8 @@ void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int
       t.jhi[r] = jhi;
       t.active[r] = jlo < jhi;
       if (jlo >= jhi) continue;
-      if (t.fmask) {
-        const int64_t cs = p.float_mask.col_stride;
-        const T* fm = t.fmask + i * p.float_mask.row_stride + kb * cs;
-        for (int64_t j = jlo; j < jhi; ++j) sr[j] += fm[j * cs];
-      }
-      if (t.bmask) {
-        const int64_t cs = p.bool_mask.col_stride;
-        const uint8_t* bm = t.bmask + i * p.bool_mask.row_stride + kb * cs;
-        for (int64_t j = jlo; j < jhi; ++j) sr[j] = bm[j * cs] ? sr[j] : ninf;
-      }
-      for (int64_t j = 0; j < jlo; ++j) sr[j] = ninf;
-      for (int64_t j = jhi; j < ncols; ++j) sr[j] = ninf;
+      mask_row(p, t.fmask ? t.fmask + i * p.float_mask.row_stride : nullptr,
+               t.bmask ? t.bmask + i * p.bool_mask.row_stride : nullptr, kb, jlo, jhi, ncols, sr);
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
@@ -268,22 +239,6 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
 
 // ---------------------------------------------------------------------------------------
 // acc += P V
-
-// acc[0:dv) += sum_j p[j] * v[j, :] over j < n, skipping p == 0 so that values of keys a
-// row does not attend (padding, NaN) never reach it.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
-  constexpr int L = kLanes<T>;
-  for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride;
-    int64_t c = 0;
-    for (; c + L <= dv; c += L) vstore(acc + c, vfma(vbroadcast(pj), vload(vr + c), vload(acc + c)));
-    for (; c < dv; ++c) acc[c] = vfma(pj, vr[c], acc[c]);
-  }
-}
 
 // The same for kRowTile rows at once, all of whose p in [0, n) are nonzero.
 template <typename T>

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "api/family_params.h"
+#include "api/params.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {

@@ -10,8 +10,7 @@
 
 #include <cstdint>
 
-#include "api/family_params.h"
-#include "api/sdpa_params.h"
+#include "api/params.h"
 
 namespace fastattn {
 

@@ -17,7 +17,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "api/sdpa_params.h"
+#include "api/params.h"
+#include "kernels/attention-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -45,24 +46,6 @@ inline int64_t key_block_size(int64_t head_dim, int64_t l1_bytes) {
 template <typename T>
 inline int64_t padded_dv(int64_t head_dim_v) {
   return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
-}
-
-// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together.
-inline void row_key_range(const SdpaParams& p, int64_t row, int64_t valid_len, int64_t* lo,
-                          int64_t* hi) {
-  int64_t l = 0, h = imin(p.len_k, valid_len);
-  const int64_t d = row + p.diag_offset;
-  if (p.causal) h = imin(h, d + 1);
-  if (p.window_left >= 0) l = imax(l, d - p.window_left);
-  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
-  *lo = l;
-  *hi = imax(h, l);
-}
-
-inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
-  int64_t off = 0;
-  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
-  return off;
 }
 
 // One row of a task: a (query head, query position) pair and where its data lives.
@@ -242,53 +225,6 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
   }
 }
 
-// Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
-// the keys (no store-to-load chain through acc from one key to the next).
-template <typename T, int U>
-inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
-                        T* acc) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = SdpaTraits<T>::kLanes;
-  V a[U];
-  for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
-  for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride + c;
-    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload(vr + u * L), a[u]);
-  }
-  for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
-}
-
-// acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
-// keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
-// Each element still sums its keys in order, one fused multiply-add at a time.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
-  constexpr int L = SdpaTraits<T>::kLanes;
-  int64_t c = 0;
-  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
-  if (c + 4 * L <= dv) {
-    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
-    c += 4 * L;
-  }
-  if (c + 2 * L <= dv) {
-    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
-    c += 2 * L;
-  }
-  if (c + L <= dv) {
-    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
-    c += L;
-  }
-  for (; c < dv; ++c) {
-    T a = acc[c];
-    for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
-    acc[c] = a;
-  }
-}
-
 // The same for kRowTile rows at once, multiplying every probability (so only for a block
 // whose values are all finite), over the value panels (pack_values) and the padded width
 // dv_pad: no column tail, so every row of the tile runs the same vector code.
@@ -357,7 +293,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   constexpr int L = Tr::kLanes;
   constexpr T kNegInf = -T(__builtin_inf());
   const SdpaParams& p = *plan.p;
-  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev);
+  const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
   const int64_t ncols = round_up(n, Tr::kColTile);
@@ -409,18 +345,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       for (int64_t j = 0; j < w; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
-    if (row.fmask) {
-      const int64_t cs = p.float_mask.col_stride;
-      const T* fm = row.fmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
-    }
-    if (row.bmask) {
-      const int64_t cs = p.bool_mask.col_stride;
-      const uint8_t* bm = row.bmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
-    }
-    for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
-    for (int64_t j = jhi; j < w; ++j) s[j] = kNegInf;
+    mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
     // Keys past jhi keep the -inf the task wrote.
     if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
 
@@ -509,7 +434,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   const SdpaParams& p = *plan.p;
   using Tr = SdpaTraits<T>;
   constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
+  const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
   const int64_t kt_ld = plan.block_k;
 
   const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
@@ -640,7 +565,7 @@ template <typename T>
 void merge_splits(const Plan<T>& plan, int64_t t) {
   const SdpaParams& p = *plan.p;
   constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t Ev = p.head_dim_v;
+  const int64_t Ev = p.dim_v;
   const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;
   const int64_t bk = t / plan.q_blocks;
   const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
@@ -692,7 +617,7 @@ bool sdpa_forward(const SdpaParams& p) {
   Plan<T> plan;
   plan.p = &p;
   plan.group = p.num_heads_q / p.num_heads_kv;
-  plan.block_k = key_block_size<T>(imax(p.head_dim, 1), p.l1_bytes);
+  plan.block_k = key_block_size<T>(imax(p.dim_q, 1), p.l1_bytes);
   // About 256 rows per task, fewer when that leaves threads idle (see Plan).
   plan.block_q = imax(1, imin(p.len_q, 256 / plan.group));
   const int64_t heads = batch * p.num_heads_kv;
@@ -721,7 +646,7 @@ bool sdpa_forward(const SdpaParams& p) {
   }
   plan.partial = nullptr;
   if (plan.key_splits > 1) {
-    const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.head_dim_v + 2);
+    const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
     plan.partial = static_cast<T*>(
         std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
     if (!plan.partial) return false;
@@ -735,7 +660,7 @@ bool sdpa_forward(const SdpaParams& p) {
     Scratch<T> sc;
     const bool ok = sc.allocate(round_up(plan.max_rows, SdpaTraits<T>::kRowTile),
                                 round_up(imin(kSubRows, plan.max_rows), SdpaTraits<T>::kRowTile),
-                                imax(p.head_dim, 1), p.head_dim_v, plan.block_k);
+                                imax(p.dim_q, 1), p.dim_v, plan.block_k);
     if (!ok) {
 #pragma omp atomic write
       failed = true;
