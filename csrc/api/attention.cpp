@@ -27,8 +27,8 @@ bool is_contiguous(const ArrayRef& a) {
 
 int64_t element_stride(const ArrayRef& a, int64_t d, const char* fn, const char* name) {
   if (a.shape[d] <= 1 || is_empty(a)) return 0;
-  require(a.strides[d] % a.itemsize == 0, fn,
-          name, " has a stride that is not a multiple of its item size");
+  require(a.strides[d] % a.itemsize == 0, fn, name,
+          " has a stride that is not a multiple of its item size");
   return a.strides[d] / a.itemsize;
 }
 
@@ -45,8 +45,8 @@ StridedView view_of(const ArrayRef& a, const char* fn, const char* name, int64_t
   if (tail == 3) {
     v.col_stride = element_stride(a, bn + 2, fn, name);
     if (unit_last)
-      require(v.col_stride == 1 || a.shape[bn + 2] <= 1 || is_empty(a), fn,
-              name, " must have a unit-stride last axis");
+      require(v.col_stride == 1 || a.shape[bn + 2] <= 1 || is_empty(a), fn, name,
+              " must have a unit-stride last axis");
     if (unit_last) v.col_stride = 1;
   }
   return v;
@@ -114,8 +114,7 @@ void check_attention(const AttnCall& c, const char* fn, const char* dims_differ,
     check_scores_shape(c.float_mask, "float_mask", 3);
   }
   if (c.valid_lens.present()) {
-    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8, fn,
-            "valid_lens must be int64");
+    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8, fn, "valid_lens must be int64");
     p.valid_lens = view_of(c.valid_lens, fn, "valid_lens", bn, 2, false);
     check_scores_shape(c.valid_lens, "valid_lens", 2);
   }

@@ -12,8 +12,8 @@ namespace fastattn {
 namespace {
 
 void require_float(const ArrayRef& a, int64_t itemsize, const char* fn, const char* name) {
-  require(a.kind == 'f' && a.itemsize == itemsize, fn,
-          name, " must have the compute dtype (float32 or float64)");
+  require(a.kind == 'f' && a.itemsize == itemsize, fn, name,
+          " must have the compute dtype (float32 or float64)");
 }
 
 FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) {
@@ -23,8 +23,8 @@ FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) 
 }
 
 void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
-  require(c.normalizer == int(Normalizer::kSoftmax) || c.normalizer == int(Normalizer::kSelect),
-          fn, "normalizer must be softmax (0) or select (1)");
+  require(c.normalizer == int(Normalizer::kSoftmax) || c.normalizer == int(Normalizer::kSelect), fn,
+          "normalizer must be softmax (0) or select (1)");
   p.normalizer = Normalizer(c.normalizer);
   require(c.top_k >= 1, fn, "top_k must be >= 1");
   require(!c.hardmax || c.top_k == 1, fn, "hardmax keeps one key (top_k == 1)");
@@ -63,8 +63,7 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
     p.mask = rows_of(c.mask, "mask", true);
   }
   if (c.valid_lens.present()) {
-    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8 &&
-                c.valid_lens.ndim() == nd - 1,
+    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8 && c.valid_lens.ndim() == nd - 1,
             fn, "valid_lens must be int64 with one entry per row");
     for (int64_t d = 0; d < nd - 1; ++d)
       require(c.valid_lens.shape[d] == c.x.shape[d], fn, "valid_lens has the wrong shape");
@@ -97,7 +96,8 @@ void additive_attention(const FamilyCall& c) {
   p.w_k = c.w_k.data;
   p.w_v = c.w_v.data;
   const KernelTable& kernels = active_kernels();
-  const bool ok = itemsize == 4 ? kernels.additive_attention_f32(p) : kernels.additive_attention_f64(p);
+  const bool ok =
+      itemsize == 4 ? kernels.additive_attention_f32(p) : kernels.additive_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -107,7 +107,8 @@ void select_attention(const FamilyCall& c) {
   set_normalizer(p, c, fn);
   require(p.normalizer == Normalizer::kSelect, fn, "the select kernel needs normalizer 1");
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.query.itemsize == 4 ? kernels.select_attention_f32(p) : kernels.select_attention_f64(p);
+  const bool ok =
+      c.query.itemsize == 4 ? kernels.select_attention_f32(p) : kernels.select_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -117,8 +118,8 @@ void nadaraya_watson(const FamilyCall& c) {
   require(c.kernel >= 0 && c.kernel <= int(RegressionKernel::kEpanechnikov), fn,
           "kernel must be 0..3");
   p.kernel = RegressionKernel(c.kernel);
-  p.normalizer = p.kernel == RegressionKernel::kGaussian ? Normalizer::kSoftmax
-                                                         : Normalizer::kKernelSum;
+  p.normalizer =
+      p.kernel == RegressionKernel::kGaussian ? Normalizer::kSoftmax : Normalizer::kKernelSum;
   const int64_t bn = p.batch_ndim;
   require(c.bandwidth.present() && c.bandwidth.kind == 'f' && c.bandwidth.itemsize == 8 &&
               c.bandwidth.ndim() == bn,

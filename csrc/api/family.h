@@ -28,7 +28,7 @@ struct FamilyCall : AttnCall {
   int normalizer = 0;  // Normalizer in api/params.h
   int64_t top_k = 1;
   bool hardmax = false;
-  int kernel = 0;      // RegressionKernel in api/params.h
+  int kernel = 0;  // RegressionKernel in api/params.h
 };
 void additive_attention(const FamilyCall& call);
 void select_attention(const FamilyCall& call);

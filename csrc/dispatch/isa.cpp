@@ -7,12 +7,12 @@
 #include <atomic>
 #include <stdexcept>
 
-
 namespace fastattn {
 namespace {
 
 // One row per ISA, its fields in FASTATTN_OPS order.
-#define FASTATTN_TABLE_ENTRY(source, name, Sig) FASTATTN_TABLE_NS::name##_f32, FASTATTN_TABLE_NS::name##_f64,
+#define FASTATTN_TABLE_ENTRY(source, name, Sig) \
+  FASTATTN_TABLE_NS::name##_f32, FASTATTN_TABLE_NS::name##_f64,
 #define FASTATTN_STRINGIFY(x) #x
 #define FASTATTN_NAME_OF(ns) FASTATTN_STRINGIFY(ns)
 #define FASTATTN_KERNEL_TABLE(tag) \

@@ -130,7 +130,8 @@ bool additive_run(const FamilyParams& p, const typename AdditiveScores<T, kExp>:
 
 template <typename T>
 inline T* alloc_values(int64_t n) {
-  return static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(n, 1) * int64_t(sizeof(T)), 64))));
+  return static_cast<T*>(
+      std::aligned_alloc(64, size_t(round_up(imax(n, 1) * int64_t(sizeof(T)), 64))));
 }
 
 // e^(2 x) in place, x[0:n).
@@ -186,10 +187,10 @@ bool additive_attention(const FamilyParams& p) {
         }
         const int64_t* vl = static_cast<const int64_t*>(p.valid_lens.data) +
                             batch_offset(p.valid_lens.batch_stride, coord, p.batch_ndim);
-        for (int64_t h = (bh % p.num_heads_kv) * group; h < (bh % p.num_heads_kv + 1) * group;
-             ++h)
+        for (int64_t h = (bh % p.num_heads_kv) * group; h < (bh % p.num_heads_kv + 1) * group; ++h)
           for (int64_t i = 0; i < Lq && len < Lk; ++i)
-            len = imax(len, imin(Lk, vl[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride]));
+            len =
+                imax(len, imin(Lk, vl[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride]));
       }
       kv_len[bh] = len;
     }

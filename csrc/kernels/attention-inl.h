@@ -73,8 +73,7 @@ inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride,
 // keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
 // Each element still sums its keys in order, one fused multiply-add at a time.
 template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
+inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
   constexpr int L = kLanes<T>;
   int64_t c = 0;
   for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);

@@ -102,11 +102,11 @@ struct Task {
   T* out = nullptr;
   const uint8_t* bmask = nullptr;
   const T* fmask = nullptr;
-  T* weights = nullptr;  // row 0 of this (batch, head): row i at weights + i * len_k
+  T* weights = nullptr;      // row 0 of this (batch, head): row i at weights + i * len_k
   int64_t klo = 0, khi = 0;  // union of the rows' ranges; klo aligned down to a tile
   int64_t* lo = nullptr;     // per row: visible keys [lo, hi)
   int64_t* hi = nullptr;
-  int64_t* jlo = nullptr;    // per row, current block: visible columns [jlo, jhi)
+  int64_t* jlo = nullptr;  // per row, current block: visible columns [jlo, jhi)
   int64_t* jhi = nullptr;
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
@@ -133,8 +133,8 @@ void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t
   t.out = static_cast<T*>(const_cast<void*>(p.out.data)) + at(p.out, h);
   t.bmask = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) + at(p.bool_mask, h)
                              : nullptr;
-  t.fmask = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) + at(p.float_mask, h)
-                              : nullptr;
+  t.fmask =
+      p.float_mask.data ? static_cast<const T*>(p.float_mask.data) + at(p.float_mask, h) : nullptr;
   const int64_t* vlens = p.valid_lens.data
                              ? static_cast<const int64_t*>(p.valid_lens.data) + at(p.valid_lens, h)
                              : nullptr;
@@ -228,8 +228,7 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
       const int64_t qb = q_blocks - 1 - task % q_blocks;
       const int64_t bh = task / q_blocks;
       const int64_t i0 = qb * block_q;
-      setup_task<T>(p, t, bh / p.num_heads_q, bh % p.num_heads_q, i0,
-                    imin(block_q, p.len_q - i0));
+      setup_task<T>(p, t, bh / p.num_heads_q, bh % p.num_heads_q, i0, imin(block_q, p.len_q - i0));
       run_task<T>(p, sc, nm, t, s, ld, block_k);
     }
     std::free(raw);
@@ -413,7 +412,7 @@ struct OnlineSoftmax {
         vzeros += e == T(0) ? V{} + T(1) : V{};
       }
       zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);  // padding is always 0
-      if (m_new != m_old) {  // e^-inf = 0 on first use
+      if (m_new != m_old) {                                     // e^-inf = 0 on first use
         const T alpha = exp_approx(m_old - m_new);
         T* a = acc + r * p.dim_v;
         for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
@@ -469,7 +468,7 @@ struct SelectTopK {
   int64_t* hj = nullptr;  // block_q x k keys
   int64_t* hn = nullptr;  // heap sizes
   uint8_t* nan = nullptr;
-  T* w = nullptr;         // k weights (finish)
+  T* w = nullptr;  // k weights (finish)
 
   explicit SelectTopK(const FamilyParams& params)
       : p(params), k(imax(1, params.hardmax ? 1 : params.top_k)) {}
@@ -490,9 +489,7 @@ struct SelectTopK {
   }
 
   // (sa, ja) is worse than (sb, jb)
-  static bool worse(T sa, int64_t ja, T sb, int64_t jb) {
-    return sa < sb || (sa == sb && ja > jb);
-  }
+  static bool worse(T sa, int64_t ja, T sb, int64_t jb) { return sa < sb || (sa == sb && ja > jb); }
 
   void offer(T* s, int64_t* j, int64_t& size, T x, int64_t key) const {
     if (size < k) {  // push and sift up
@@ -509,7 +506,7 @@ struct SelectTopK {
       return;
     }
     if (!(x > s[0])) return;  // the later key loses ties
-    int64_t c = 0;  // replace the root and sift down
+    int64_t c = 0;            // replace the root and sift down
     for (;;) {
       const int64_t a = 2 * c + 1, b = a + 1;
       if (a >= size) break;

@@ -103,7 +103,8 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
     bool ok = true;
     if (!x_unit) ok = ok && (xbuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!o_unit) ok = ok && (obuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
-    if (!m_unit) ok = ok && (mbuf = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((n + 63) / 64 * 64))));
+    if (!m_unit)
+      ok = ok && (mbuf = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((n + 63) / 64 * 64))));
     if (!ok) {
 #pragma omp atomic write
       failed = true;
@@ -124,7 +125,8 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
       }
       for (int64_t r = r0; r < r1; ++r) {
         int64_t ne = n;
-        if (p.valid_lens.data) ne = imax(0, imin(n, static_cast<const int64_t*>(p.valid_lens.data)[vo]));
+        if (p.valid_lens.data)
+          ne = imax(0, imin(n, static_cast<const int64_t*>(p.valid_lens.data)[vo]));
         const uint8_t* m = nullptr;
         if (p.mask.data) {
           const uint8_t* mr = static_cast<const uint8_t*>(p.mask.data) + mo;

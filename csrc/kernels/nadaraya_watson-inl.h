@@ -15,8 +15,8 @@ namespace FASTATTN_ISA_NS {
 namespace family {
 
 inline double task_bandwidth(const FamilyParams& p, const int64_t* coord) {
-  return static_cast<const double*>(p.bandwidth.data)[batch_offset(p.bandwidth.batch_stride,
-                                                                  coord, p.batch_ndim)];
+  return static_cast<const double*>(
+      p.bandwidth.data)[batch_offset(p.bandwidth.batch_stride, coord, p.batch_ndim)];
 }
 
 // Lane-wise square root of d2 >= 0 (one sqrt instruction per lane; libm is reached only

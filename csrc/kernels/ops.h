@@ -25,24 +25,31 @@ template <typename T>
 using FamilyFn = bool(const FamilyParams&);
 template <typename T>
 using ProjectFn = bool(const ProjectParams&);
+template <typename T>
+using FmaPeakFn = double(int num_threads, double seconds);
+template <typename T>
+using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
 
-// Returns false when scratch could not be allocated (the entry point raises).
-#define FASTATTN_OPS(X)                                         \
-  X(sdpa, sdpa_forward, SdpaFn)                                 \
-  X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */    \
-  X(masked_softmax, masked_softmax, MaskedSoftmaxFn)            \
-  X(additive, additive_attention, FamilyFn)                     \
-  X(additive, project, ProjectFn)                               \
-  X(select, select_attention, FamilyFn)                         \
-  X(nadaraya_watson, nadaraya_watson, FamilyFn)
+// The attention kernels return false when scratch could not be allocated (the entry point
+// raises); the machine-limit probes return their measurement.
+#define FASTATTN_OPS(X)                                      \
+  X(sdpa, sdpa_forward, SdpaFn)                              \
+  X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */ \
+  X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
+  X(additive, additive_attention, FamilyFn)                  \
+  X(additive, project, ProjectFn)                            \
+  X(select, select_attention, FamilyFn)                      \
+  X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
+  X(machine_limits, fma_peak, FmaPeakFn)                     \
+  X(machine_limits, read_bandwidth, ReadBandwidthFn)
 
 #define FASTATTN_DECLARE_OP(source, name, Sig) \
   Sig<float> name##_f32;                       \
   Sig<double> name##_f64;
 
-#define FASTATTN_DECLARE_ISA(isa)      \
-  namespace isa {                      \
-  FASTATTN_OPS(FASTATTN_DECLARE_OP)    \
+#define FASTATTN_DECLARE_ISA(isa)   \
+  namespace isa {                   \
+  FASTATTN_OPS(FASTATTN_DECLARE_OP) \
   }
 
 FASTATTN_DECLARE_ISA(scalar)

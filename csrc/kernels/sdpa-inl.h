@@ -27,8 +27,8 @@ namespace FASTATTN_ISA_NS {
 template <typename T>
 struct SdpaTraits {
   static constexpr int kLanes = fastattn::FASTATTN_ISA_NS::kLanes<T>;
-  static constexpr int kRowTile = 4;            // query rows per register tile
-  static constexpr int kColTile = 2 * kLanes;   // columns per register tile (2 vectors)
+  static constexpr int kRowTile = 4;           // query rows per register tile
+  static constexpr int kColTile = 2 * kLanes;  // columns per register tile (2 vectors)
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
@@ -51,34 +51,39 @@ inline int64_t padded_dv(int64_t head_dim_v) {
 // One row of a task: a (query head, query position) pair and where its data lives.
 template <typename T>
 struct RowRef {
-  const T* q;              // query row
-  T* out;                  // output row
-  const uint8_t* bmask;    // bool-mask row (strided by bool_mask.col_stride) or null
-  const T* fmask;          // float-mask row (strided by float_mask.col_stride) or null
-  T* weights;              // weights row (len_k, contiguous) or null
-  T* lse;                  // lse element or null
-  int64_t lo, hi;          // visible keys [lo, hi), already clipped to the task's key range
+  const T* q;            // query row
+  T* out;                // output row
+  const uint8_t* bmask;  // bool-mask row (strided by bool_mask.col_stride) or null
+  const T* fmask;        // float-mask row (strided by float_mask.col_stride) or null
+  T* weights;            // weights row (len_k, contiguous) or null
+  T* lse;                // lse element or null
+  int64_t lo, hi;        // visible keys [lo, hi), already clipped to the task's key range
 };
 
 // Per-thread scratch, one aligned allocation reused by every task the thread runs.
 template <typename T>
 struct Scratch {
-  T* q = nullptr;      // max_rows x head_dim, pre-scaled
-  T* kt = nullptr;     // the key block as K^T panels (see pack_keys), zero-padded
-  T* vp = nullptr;     // the value block as panels (see pack_values)
-  T* s = nullptr;      // kSubRows x kt_ld, scores then probabilities
-  T* acc = nullptr;    // max_rows x padded_dv(head_dim_v), unnormalised output
-  T* m = nullptr;      // max_rows running row max
-  T* l = nullptr;      // max_rows running row sum
+  T* q = nullptr;             // max_rows x head_dim, pre-scaled
+  T* kt = nullptr;            // the key block as K^T panels (see pack_keys), zero-padded
+  T* vp = nullptr;            // the value block as panels (see pack_values)
+  T* s = nullptr;             // kSubRows x kt_ld, scores then probabilities
+  T* acc = nullptr;           // max_rows x padded_dv(head_dim_v), unnormalised output
+  T* m = nullptr;             // max_rows running row max
+  T* l = nullptr;             // max_rows running row sum
   RowRef<T>* rows = nullptr;  // max_rows
   void* raw = nullptr;
 
   bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
                 int64_t kt_ld) {
     const int64_t t = int64_t(sizeof(T)), dv = padded_dv<T>(head_dim_v);
-    const int64_t sizes[8] = {max_rows * head_dim * t, head_dim * kt_ld * t, dv * kt_ld * t,
-                              sub_rows * kt_ld * t,    max_rows * dv * t,    max_rows * t,
-                              max_rows * t,            max_rows * int64_t(sizeof(RowRef<T>))};
+    const int64_t sizes[8] = {max_rows * head_dim * t,
+                              head_dim * kt_ld * t,
+                              dv * kt_ld * t,
+                              sub_rows * kt_ld * t,
+                              max_rows * dv * t,
+                              max_rows * t,
+                              max_rows * t,
+                              max_rows * int64_t(sizeof(RowRef<T>))};
     int64_t total = 0;
     for (int64_t b : sizes) total += round_up(b, 64);
     raw = std::aligned_alloc(64, size_t(total));
@@ -206,11 +211,13 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
         for (int i = 0; i < L; ++i) acc[i] = V{};
         for (int64_t e = 0; e < e_whole; e += L) {
           const V qv = vload(qr + e);
-          for (int i = 0; i < L; ++i) acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
+          for (int i = 0; i < L; ++i)
+            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
         }
         V dots = reduce_lanes_of<T>(acc);
         for (int64_t e = e_whole; e < head_dim; ++e)
-          for (int i = 0; i < L; ++i) dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
+          for (int i = 0; i < L; ++i)
+            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
         vstore(sr + j, dots);
       }
     }
@@ -285,9 +292,9 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
 // sub-block, and skipped columns are ones no row of the sub-block sees.
 template <typename T>
-void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
-                  int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* k_block,
-                  const T* v_block, bool* v_packed, bool* v_finite) {
+void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, int64_t kb_block,
+                  int64_t n_block, int64_t c0, int64_t c1, const T* k_block, const T* v_block,
+                  bool* v_packed, bool* v_finite) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
@@ -401,8 +408,8 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   if (*v_finite) {
     for (int64_t r = 0; r < tile_rows; r += RT)
       if (width[r / RT] > 0)
-        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile,
-                kt_ld, Eva, acc + r * Eva, Eva);
+        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile, kt_ld,
+                Eva, acc + r * Eva, Eva);
   } else {
     for (int64_t r = 0; r < nrows; ++r)
       pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva);
@@ -438,7 +445,7 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   const int64_t kt_ld = plan.block_k;
 
   const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
-  const int64_t bk = t / plan.q_blocks;                       // batch * num_heads_kv + hk
+  const int64_t bk = t / plan.q_blocks;                      // batch * num_heads_kv + hk
   const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
   const int64_t i0 = qb * plan.block_q;
   const int64_t nq = imin(plan.block_q, p.len_q - i0);
@@ -457,19 +464,18 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   const T* v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
                hk * p.v.head_stride;
   const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
-  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
-             batch_offset(p.out.batch_stride, coord, bn);
-  const uint8_t* bmask_b =
-      p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
-                             batch_offset(p.bool_mask.batch_stride, coord, bn)
-                       : nullptr;
+  T* out_b =
+      static_cast<T*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
+  const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
+                                                  batch_offset(p.bool_mask.batch_stride, coord, bn)
+                                            : nullptr;
   const T* fmask_b = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) +
                                              batch_offset(p.float_mask.batch_stride, coord, bn)
                                        : nullptr;
-  const int64_t* vlens_b =
-      p.valid_lens.data ? static_cast<const int64_t*>(p.valid_lens.data) +
-                              batch_offset(p.valid_lens.batch_stride, coord, bn)
-                        : nullptr;
+  const int64_t* vlens_b = p.valid_lens.data
+                               ? static_cast<const int64_t*>(p.valid_lens.data) +
+                                     batch_offset(p.valid_lens.batch_stride, coord, bn)
+                               : nullptr;
 
   // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
   int64_t klo = key_end, khi = key_begin;
@@ -479,10 +485,10 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
     RowRef<T>& row = sc.rows[r];
     row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
     row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
-    row.bmask = bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride
-                        : nullptr;
-    row.fmask = fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride
-                        : nullptr;
+    row.bmask =
+        bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride : nullptr;
+    row.fmask =
+        fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride : nullptr;
     const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
     row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
     row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * Lk : nullptr;
@@ -647,8 +653,8 @@ bool sdpa_forward(const SdpaParams& p) {
   plan.partial = nullptr;
   if (plan.key_splits > 1) {
     const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
-    plan.partial = static_cast<T*>(
-        std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
+    plan.partial =
+        static_cast<T*>(std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
     if (!plan.partial) return false;
   }
 

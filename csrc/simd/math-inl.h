@@ -37,7 +37,9 @@ struct ExpTraits<double> {
 };
 
 template <typename T>
-inline T select(bool c, T a, T b) { return c ? a : b; }
+inline T select(bool c, T a, T b) {
+  return c ? a : b;
+}
 
 // e^x with x = n ln2 + r, |r| <= ln2/2, and a Taylor polynomial for e^r: degree 7 for
 // float (truncation 5e-9, ~1 ulp) and 13 for double (4e-18). Returns 0 for x < kMin
@@ -193,7 +195,7 @@ inline V exp2_approx_vec(V x) {
   const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
   const V poly = exp2_poly<T>(xc - n);
   // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
-  const UBitsV e = ((UBitsV)__builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
+  const UBitsV e = ((UBitsV) __builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
                    << ExpTraits<T>::kMantissa;
   return poly * (V)e;
 }
