@@ -55,8 +55,8 @@ struct AdditiveScores {
   void layout(Arena&, int64_t, int64_t) {}
 
   void begin(const Task<T>& t) {
-    qp = sh.qp + ((t.b * p.num_heads_q + t.h) * p.len_q + t.i0) * p.hidden;
-    kp = sh.kp + (t.b * p.num_heads_kv + t.hk) * sh.kp_stride;
+    qp = sh.qp + ((t.c.b * p.num_heads_q + t.c.h0) * p.len_q + t.c.i0) * p.hidden;
+    kp = sh.kp + (t.c.b * p.num_heads_kv + t.c.hk) * sh.kp_stride;
   }
 
   // acc[rr] (rows q0 + rr * H) for the key vector whose panel is `panel`.

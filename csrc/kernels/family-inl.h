@@ -43,19 +43,6 @@ inline T quiet_nan() {
   return T(__builtin_nan(""));
 }
 
-// A bump allocator over one aligned block: run the layout once with base == nullptr to
-// learn the size, allocate, run it again to hand out the pieces (64-byte aligned each).
-struct Arena {
-  char* base = nullptr;
-  int64_t used = 0;
-  template <typename U>
-  U* take(int64_t n) {
-    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
-    used += round_up(imax(n, 1) * int64_t(sizeof(U)), 64);
-    return p;
-  }
-};
-
 // out[0:dout) = x[0:din) @ w, w C-contiguous (din, dout); the sum runs over d in order.
 template <typename T>
 inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* out) {
@@ -90,66 +77,28 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
   }
 }
 
-// One task's view of the call: pointers resolved for (batch entry, head), the visible key
-// range of each row, and which rows see a key in the current block.
+// One task (attention-inl.h: TaskCoord, one query head per task here) with its rows, the
+// union [klo, khi) of their visible keys (klo aligned down to a column tile), and per row
+// the visible columns of the current key block.
 template <typename T>
 struct Task {
-  int64_t b = 0, h = 0, hk = 0, i0 = 0, nrows = 0;
-  int64_t coord[kMaxBatchDims];
-  const T* q = nullptr;  // row 0 of this (batch, head); rows at q.row_stride
-  const T* k = nullptr;
-  const T* v = nullptr;
-  T* out = nullptr;
-  const uint8_t* bmask = nullptr;
-  const T* fmask = nullptr;
-  T* weights = nullptr;      // row 0 of this (batch, head): row i at weights + i * len_k
-  int64_t klo = 0, khi = 0;  // union of the rows' ranges; klo aligned down to a tile
-  int64_t* lo = nullptr;     // per row: visible keys [lo, hi)
-  int64_t* hi = nullptr;
+  TaskCoord c;
+  TaskRefs<T> refs;  // batch coordinates, k and v of the kv head
+  RowRef<T>* rows = nullptr;
+  int64_t nrows = 0;
+  int64_t klo = 0, khi = 0;
   int64_t* jlo = nullptr;  // per row, current block: visible columns [jlo, jhi)
   int64_t* jhi = nullptr;
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
 template <typename T>
-void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t i0,
-                int64_t nrows) {
-  const int64_t bn = p.batch_ndim;
-  for (int64_t d = bn - 1, rest = b; d >= 0; --d) {
-    t.coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  t.b = b;
-  t.h = h;
-  t.hk = h / (p.num_heads_q / p.num_heads_kv);
-  t.i0 = i0;
-  t.nrows = nrows;
-  auto at = [&](const StridedView& view, int64_t head) {
-    return batch_offset(view.batch_stride, t.coord, bn) + head * view.head_stride;
-  };
-  t.q = static_cast<const T*>(p.q.data) + at(p.q, h);
-  t.k = static_cast<const T*>(p.k.data) + at(p.k, t.hk);
-  t.v = static_cast<const T*>(p.v.data) + at(p.v, t.hk);
-  t.out = static_cast<T*>(const_cast<void*>(p.out.data)) + at(p.out, h);
-  t.bmask = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) + at(p.bool_mask, h)
-                             : nullptr;
-  t.fmask =
-      p.float_mask.data ? static_cast<const T*>(p.float_mask.data) + at(p.float_mask, h) : nullptr;
-  const int64_t* vlens = p.valid_lens.data
-                             ? static_cast<const int64_t*>(p.valid_lens.data) + at(p.valid_lens, h)
-                             : nullptr;
-  t.weights = p.weights ? static_cast<T*>(p.weights) + (b * p.num_heads_q + h) * p.len_q * p.len_k
-                        : nullptr;
-  int64_t klo = p.len_k, khi = 0;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = i0 + r;
-    const int64_t vl = vlens ? vlens[i * p.valid_lens.row_stride] : p.len_k;
-    row_key_range(p, i, vl, &t.lo[r], &t.hi[r]);
-    if (t.lo[r] < t.hi[r]) {
-      klo = imin(klo, t.lo[r]);
-      khi = imax(khi, t.hi[r]);
-    }
-  }
+void setup_task(const FamilyParams& p, Task<T>& t, int64_t task, int64_t block_q,
+                int64_t q_blocks) {
+  t.c = task_coord(p, task, 1, block_q, q_blocks);
+  t.nrows = t.c.nq;
+  int64_t klo, khi;
+  setup_task_rows(p, t.c, 0, p.len_k, &t.refs, t.rows, &klo, &khi);
   t.klo = klo < khi ? klo - klo % kColTile<T> : 0;
   t.khi = klo < khi ? khi : 0;
 }
@@ -158,8 +107,8 @@ void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t
 template <typename T, typename Scores, typename Norm>
 void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int64_t ld,
               int64_t block_k) {
-  const int64_t Lk = p.len_k;
-  if (t.weights) std::memset(t.weights + t.i0 * Lk, 0, size_t(t.nrows * Lk) * sizeof(T));
+  for (int64_t r = 0; r < t.nrows; ++r)
+    if (t.rows[r].weights) std::memset(t.rows[r].weights, 0, size_t(p.len_k) * sizeof(T));
   sc.begin(t);
   nm.begin(t);
   for (int64_t kb = t.klo; kb < t.khi; kb += block_k) {
@@ -168,14 +117,13 @@ void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
-      const int64_t i = t.i0 + r;
-      const int64_t jlo = imax(t.lo[r] - kb, 0), jhi = imin(t.hi[r] - kb, n);
+      const RowRef<T>& row = t.rows[r];
+      const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
       t.jlo[r] = jlo;
       t.jhi[r] = jhi;
       t.active[r] = jlo < jhi;
       if (jlo >= jhi) continue;
-      mask_row(p, t.fmask ? t.fmask + i * p.float_mask.row_stride : nullptr,
-               t.bmask ? t.bmask + i * p.bool_mask.row_stride : nullptr, kb, jlo, jhi, ncols, sr);
+      mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
@@ -202,33 +150,24 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
     Norm nm(p);
     Task<T> t;
     T* s = nullptr;
-    void* raw = nullptr;
-    for (int pass = 0; pass < 2; ++pass) {
-      Arena a;
-      a.base = static_cast<char*>(raw);
+    void* raw = arena_allocate([&](Arena& a) {
       s = a.take<T>(block_q * ld);
-      t.lo = a.take<int64_t>(block_q);
-      t.hi = a.take<int64_t>(block_q);
+      t.rows = a.take<RowRef<T>>(block_q);
       t.jlo = a.take<int64_t>(block_q);
       t.jhi = a.take<int64_t>(block_q);
       t.active = a.take<uint8_t>(block_q);
       sc.layout(a, block_q, ld);
       nm.layout(a, block_q, ld);
-      if (pass == 0) raw = std::aligned_alloc(64, size_t(a.used));
-      if (!raw) break;
-    }
+    });
     if (!raw) {
 #pragma omp atomic write
       failed = true;
     }
-    // Hand out later query blocks first (a causal mask gives them more keys).
+    // Tasks of later query blocks come first (task_coord).
 #pragma omp for schedule(dynamic, 1) nowait  // (each thread frees only its own scratch)
     for (int64_t task = 0; task < tasks; ++task) {
       if (!raw) continue;
-      const int64_t qb = q_blocks - 1 - task % q_blocks;
-      const int64_t bh = task / q_blocks;
-      const int64_t i0 = qb * block_q;
-      setup_task<T>(p, t, bh / p.num_heads_q, bh % p.num_heads_q, i0, imin(block_q, p.len_q - i0));
+      setup_task<T>(p, t, task, block_q, q_blocks);
       run_task<T>(p, sc, nm, t, s, ld, block_k);
     }
     std::free(raw);
@@ -387,9 +326,8 @@ struct OnlineSoftmax {
         zeros[r] = n;
         continue;
       }
-      const int64_t i = t.i0 + r;
-      if (t.weights)
-        std::memcpy(t.weights + i * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
+      if (t.rows[r].weights)
+        std::memcpy(t.rows[r].weights + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
       V vmax = V{} + ninf;
       for (int64_t j = 0; j < ncols; j += L) {
@@ -421,14 +359,14 @@ struct OnlineSoftmax {
       l[r] += reduce_add<T>(vsum);
       m[r] = m_new;
     }
-    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
                   p.dim_v, acc, vt);
   }
 
   void finish(const Task<T>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const int64_t i = t.i0 + r;
-      T* o = t.out + i * p.out.row_stride;
+      const RowRef<T>& row = t.rows[r];
+      T* o = row.out;
       const bool is_empty = m[r] == neg_inf<T>();
       const T inv = is_empty ? T(0) : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
@@ -436,18 +374,18 @@ struct OnlineSoftmax {
       // A NaN row (a NaN or +inf score, or a NaN `empty`) has NaN weights throughout, as
       // the other kernels and the reference give them.
       const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);
-      if (t.weights && nan_row) {
-        T* w = t.weights + i * p.len_k;
+      if (row.weights && nan_row) {
+        T* w = row.weights;
         for (int64_t j = 0; j < p.len_k; ++j) w[j] = quiet_nan<T>();
-      } else if (t.weights && t.lo[r] < t.hi[r]) {
-        T* w = t.weights + i * p.len_k;
+      } else if (row.weights && row.lo < row.hi) {
+        T* w = row.weights;
         if (is_empty) {
-          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = T(0);
+          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = T(0);
         } else {
           // e^(s - m) / l, not e^(s - lse): m + log(l) drops log(l) once |m| is large
           // (float32 scores of 1e8), and the weights would no longer sum to 1.
           const T inv_l = T(1) / l[r];
-          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
+          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
         }
       }
     }
@@ -562,9 +500,8 @@ struct SelectTopK {
   void finish(const Task<T>& t) {
     const int64_t dv = p.dim_v, Lk = p.len_k;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const int64_t i = t.i0 + r;
-      T* o = t.out + i * p.out.row_stride;
-      T* wrow = t.weights ? t.weights + i * Lk : nullptr;
+      T* o = t.rows[r].out;
+      T* wrow = t.rows[r].weights;
       const T* rs = hs + r * k;
       const int64_t* rj = hj + r * k;
       const int64_t size = hn[r];
@@ -588,7 +525,7 @@ struct SelectTopK {
       for (int64_t c = 0; c < dv; ++c) o[c] = T(0);
       if (size == 0) continue;  // nothing visible: output 0, weights 0
       if (p.hardmax) {
-        const T* vr = t.v + rj[0] * p.v.row_stride;
+        const T* vr = t.refs.v + rj[0] * p.v.row_stride;
         for (int64_t c = 0; c < dv; ++c) o[c] = vr[c];
         if (wrow) wrow[rj[0]] = T(1);
         continue;
@@ -598,7 +535,7 @@ struct SelectTopK {
         const T we = w[e] * inv;
         if (wrow) wrow[rj[e]] = we;
         if (we == T(0)) continue;
-        const T* vr = t.v + rj[e] * p.v.row_stride;
+        const T* vr = t.refs.v + rj[e] * p.v.row_stride;
         for (int64_t c = 0; c < dv; ++c) o[c] = vfma(we, vr[c], o[c]);
       }
     }
@@ -628,7 +565,7 @@ struct DotScores {
     const T scale = T(p.scale);
     const int64_t E = p.dim_q;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const T* qr = t.q + (t.i0 + r) * p.q.row_stride;
+      const T* qr = t.rows[r].q;
       for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * qr[e];
     }
   }
@@ -638,7 +575,7 @@ struct DotScores {
     constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
     const int64_t E = p.dim_q;
     for (int64_t j = 0; j < n; ++j) {
-      const T* kr = t.k + (kb + j) * p.k.row_stride;
+      const T* kr = t.refs.k + (kb + j) * p.k.row_stride;
       for (int64_t e = 0; e < E; ++e) kt[e * ld + j] = kr[e];
     }
     for (int64_t e = 0; e < E; ++e)

@@ -48,25 +48,13 @@ inline int64_t padded_dv(int64_t head_dim_v) {
   return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
 }
 
-// One row of a task: a (query head, query position) pair and where its data lives.
-template <typename T>
-struct RowRef {
-  const T* q;            // query row
-  T* out;                // output row
-  const uint8_t* bmask;  // bool-mask row (strided by bool_mask.col_stride) or null
-  const T* fmask;        // float-mask row (strided by float_mask.col_stride) or null
-  T* weights;            // weights row (len_k, contiguous) or null
-  T* lse;                // lse element or null
-  int64_t lo, hi;        // visible keys [lo, hi), already clipped to the task's key range
-};
-
-// Per-thread scratch, one aligned allocation reused by every task the thread runs.
+// Per-thread scratch, one arena block (attention-inl.h) reused by every task the thread runs.
 template <typename T>
 struct Scratch {
   T* q = nullptr;             // max_rows x head_dim, pre-scaled
   T* kt = nullptr;            // the key block as K^T panels (see pack_keys), zero-padded
   T* vp = nullptr;            // the value block as panels (see pack_values)
-  T* s = nullptr;             // kSubRows x kt_ld, scores then probabilities
+  T* s = nullptr;             // sub_rows x kt_ld, scores then probabilities
   T* acc = nullptr;           // max_rows x padded_dv(head_dim_v), unnormalised output
   T* m = nullptr;             // max_rows running row max
   T* l = nullptr;             // max_rows running row sum
@@ -75,34 +63,18 @@ struct Scratch {
 
   bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
                 int64_t kt_ld) {
-    const int64_t t = int64_t(sizeof(T)), dv = padded_dv<T>(head_dim_v);
-    const int64_t sizes[8] = {max_rows * head_dim * t,
-                              head_dim * kt_ld * t,
-                              dv * kt_ld * t,
-                              sub_rows * kt_ld * t,
-                              max_rows * dv * t,
-                              max_rows * t,
-                              max_rows * t,
-                              max_rows * int64_t(sizeof(RowRef<T>))};
-    int64_t total = 0;
-    for (int64_t b : sizes) total += round_up(b, 64);
-    raw = std::aligned_alloc(64, size_t(total));
-    if (!raw) return false;
-    char* parts[8];
-    char* c = static_cast<char*>(raw);
-    for (int i = 0; i < 8; ++i) {
-      parts[i] = c;
-      c += round_up(sizes[i], 64);
-    }
-    q = reinterpret_cast<T*>(parts[0]);
-    kt = reinterpret_cast<T*>(parts[1]);
-    vp = reinterpret_cast<T*>(parts[2]);
-    s = reinterpret_cast<T*>(parts[3]);
-    acc = reinterpret_cast<T*>(parts[4]);
-    m = reinterpret_cast<T*>(parts[5]);
-    l = reinterpret_cast<T*>(parts[6]);
-    rows = reinterpret_cast<RowRef<T>*>(parts[7]);
-    return true;
+    const int64_t dv = padded_dv<T>(head_dim_v);
+    raw = arena_allocate([&](Arena& a) {
+      q = a.take<T>(max_rows * head_dim);
+      kt = a.take<T>(head_dim * kt_ld);
+      vp = a.take<T>(dv * kt_ld);
+      s = a.take<T>(sub_rows * kt_ld);
+      acc = a.take<T>(max_rows * dv);
+      m = a.take<T>(max_rows);
+      l = a.take<T>(max_rows);
+      rows = a.take<RowRef<T>>(max_rows);
+    });
+    return raw != nullptr;
   }
   ~Scratch() { std::free(raw); }
 };
@@ -444,64 +416,18 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
   const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
   const int64_t kt_ld = plan.block_k;
 
-  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
-  const int64_t bk = t / plan.q_blocks;                      // batch * num_heads_kv + hk
-  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
-  const int64_t i0 = qb * plan.block_q;
-  const int64_t nq = imin(plan.block_q, p.len_q - i0);
-  const int64_t nrows = plan.group * nq;
+  const TaskCoord c = task_coord(p, t, plan.group, plan.block_q, plan.q_blocks);
+  const int64_t nrows = c.heads * c.nq;
   const int64_t key_begin = split * plan.split_len;
   const int64_t key_end = imin(Lk, key_begin + plan.split_len);
-
-  int64_t coord[kMaxBatchDims];
-  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
-    coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  const int64_t bn = p.batch_ndim;
-  const T* k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
-               hk * p.k.head_stride;
-  const T* v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
-               hk * p.v.head_stride;
-  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
-  T* out_b =
-      static_cast<T*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
-  const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
-                                                  batch_offset(p.bool_mask.batch_stride, coord, bn)
-                                            : nullptr;
-  const T* fmask_b = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) +
-                                             batch_offset(p.float_mask.batch_stride, coord, bn)
-                                       : nullptr;
-  const int64_t* vlens_b = p.valid_lens.data
-                               ? static_cast<const int64_t*>(p.valid_lens.data) +
-                                     batch_offset(p.valid_lens.batch_stride, coord, bn)
-                               : nullptr;
-
-  // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
-  int64_t klo = key_end, khi = key_begin;
+  TaskRefs<T> refs;
+  int64_t klo, khi;
+  setup_task_rows(p, c, key_begin, key_end, &refs, sc.rows, &klo, &khi);
+  const T* k = refs.k;
+  const T* v = refs.v;
   const T scale = T(p.scale);
   for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
-    RowRef<T>& row = sc.rows[r];
-    row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
-    row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
-    row.bmask =
-        bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride : nullptr;
-    row.fmask =
-        fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride : nullptr;
-    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
-    row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * Lk : nullptr;
-    const int64_t vl =
-        vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : Lk;
-    int64_t lo, hi;
-    row_key_range(p, i, vl, &lo, &hi);
-    row.lo = imax(lo, key_begin);
-    row.hi = imax(imin(hi, key_end), row.lo);
-    if (row.lo < row.hi) {
-      klo = imin(klo, row.lo);
-      khi = imax(khi, row.hi);
-    }
+    const RowRef<T>& row = sc.rows[r];
     sc.m[r] = kNegInf;
     sc.l[r] = T(0);
     for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
@@ -568,27 +494,19 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
 // Merge the key splits of task t in split order (fixed, so results do not depend on
 // which thread ran which split) and write the normalised output and lse.
 template <typename T>
-void merge_splits(const Plan<T>& plan, int64_t t) {
+void merge_splits(const Plan<T>& plan, Scratch<T>& sc, int64_t t) {
   const SdpaParams& p = *plan.p;
   constexpr T kNegInf = -T(__builtin_inf());
   const int64_t Ev = p.dim_v;
-  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;
-  const int64_t bk = t / plan.q_blocks;
-  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
-  const int64_t i0 = qb * plan.block_q;
-  const int64_t nq = imin(plan.block_q, p.len_q - i0);
-  int64_t coord[kMaxBatchDims];
-  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
-    coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
-             batch_offset(p.out.batch_stride, coord, p.batch_ndim);
+  const TaskCoord tc = task_coord(p, t, plan.group, plan.block_q, plan.q_blocks);
+  TaskRefs<T> refs;
+  int64_t klo, khi;
+  setup_task_rows(p, tc, 0, p.len_k, &refs, sc.rows, &klo, &khi);
   const T* part = plan.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
   const int64_t split_stride = plan.max_rows * (Ev + 2);
-  for (int64_t r = 0; r < plan.group * nq; ++r) {
-    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
-    T* out = out_b + h * p.out.head_stride + i * p.out.row_stride;
+  for (int64_t r = 0; r < tc.heads * tc.nq; ++r) {
+    const RowRef<T>& row = sc.rows[r];
+    T* out = row.out;
     T m = kNegInf;
     for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
       const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
@@ -607,9 +525,8 @@ void merge_splits(const Plan<T>& plan, int64_t t) {
       const T inv = T(1) / l;
       for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
     }
-    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    if (p.lse) static_cast<T*>(p.lse)[flat_row] = lse_of(m, l);
-    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, m, l);
+    if (row.lse) *row.lse = lse_of(m, l);
+    if (row.weights) finish_weights(row.weights, p.len_k, m, l);
   }
 }
 
@@ -678,7 +595,7 @@ bool sdpa_forward(const SdpaParams& p) {
     if (plan.key_splits > 1) {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < plan.tasks; ++t) {
-        if (!failed) merge_splits(plan, t);
+        if (!failed) merge_splits(plan, sc, t);
       }
     }
   }
