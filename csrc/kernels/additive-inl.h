@@ -1,10 +1,12 @@
 // Additive (Bahdanau) attention and the row projection it is built on, compiled once per
-// ISA (additive_<isa>.cpp). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @ w_k):
+// ISA (in a TU CMake generates from kernels/ops.h). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @
+// w_k):
 //   1. project every query row and key row once (O((Lq + Lk) * hidden) memory; the keys
 //      go into panels of one vector's width, hidden-major, so the score loop streams them);
 //      and each value x also as e^(2x); when every projection is moderate the scores use
 //      those (see AdditiveScores: tanh(a + b) then costs a multiply-add and half a division);
-//   2. run the blocked driver (family-inl.h): per (query-row tile, key vector) accumulate
+//   2. run the blocked driver (driver-inl.h, family-inl.h): per (query-row tile, key vector)
+//   accumulate
 //      the hidden terms, never forming the Lq x Lk x hidden tensor; then online softmax
 //      (or hardmax/top-k) and P V.
 #pragma once  // per translation unit

@@ -1,19 +1,16 @@
-// The blocked attention driver shared by the attention-family kernels (additive attention,
-// hardmax/top-k attention, Nadaraya-Watson kernel regression), written once and compiled
-// once per ISA (<op>_<isa>.cpp defines FASTATTN_ISA_NS and FASTATTN_VEC_BYTES, then
-// includes its <op>-inl.h, which includes this). Everything lives in that ISA's namespace
+// The attention family's score sources and normalisers (additive attention, hardmax/top-k
+// attention, Nadaraya-Watson kernel regression; composed as docs/semantics.md#composition
+// describes), plugged into the one blocked driver (driver-inl.h) by FamilyEngine. Per ISA,
+// included by the kernel sources that use it; everything lives in that ISA's namespace
 // (nested in `family`, so nothing collides with the SDPA kernel's helpers); no std
 // containers or std templates that could be emitted out of line.
 //
-// A kernel is a score source and a normaliser plugged into one driver:
-//   Scores: layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
-//           writes s[r * ld + j], r < nrows, j < ncols (ncols: n rounded up to whole
-//           column tiles; the padding is masked here afterwards);
-//   Norm:   layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
-//           consumes the masked scores; finish(task) writes out (and weights).
-// Work unit ("task"): one (batch, query head, block of query rows), done by one thread
-// start to finish, so results are bit-identical for any thread count. Keys are visited in
-// blocks; no Lq x Lk buffer exists unless the caller asked for the weights.
+// A kernel is a score source and a normaliser:
+//   Scores: Shared; Scores(params, shared); layout(Arena&, rows, ld); begin(task);
+//           block(task, kb, n, ncols, s, ld) writes s[r * ld + j], r < nrows, j < ncols
+//           (ncols: n rounded up to whole column tiles; the padding is masked afterwards);
+//   Norm:   Norm(params); layout(Arena&, rows, ld); begin(task); block(task, kb, n, ncols,
+//           s, ld) consumes the masked scores; finish(task) writes out (and weights).
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -24,6 +21,7 @@
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
+#include "kernels/driver-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -77,43 +75,53 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
   }
 }
 
-// One task (attention-inl.h: TaskCoord, one query head per task here) with its rows, the
-// union [klo, khi) of their visible keys (klo aligned down to a column tile), and per row
-// the visible columns of the current key block.
+// A task as the driver sets it up (one query head per task here), with per row the
+// visible columns of the current key block.
 template <typename T>
-struct Task {
-  TaskCoord c;
-  TaskRefs<T> refs;  // batch coordinates, k and v of the kv head
-  RowRef<T>* rows = nullptr;
-  int64_t nrows = 0;
-  int64_t klo = 0, khi = 0;
+struct Task : TaskView<T> {
   int64_t* jlo = nullptr;  // per row, current block: visible columns [jlo, jhi)
   int64_t* jhi = nullptr;
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
-template <typename T>
-void setup_task(const FamilyParams& p, Task<T>& t, int64_t task, int64_t block_q,
-                int64_t q_blocks) {
-  t.c = task_coord(p, task, 1, block_q, q_blocks);
-  t.nrows = t.c.nq;
-  int64_t klo, khi;
-  setup_task_rows(p, t.c, 0, p.len_k, &t.refs, t.rows, &klo, &khi);
-  t.klo = klo < khi ? klo - klo % kColTile<T> : 0;
-  t.khi = klo < khi ? khi : 0;
-}
-
-// One task: score each key block, apply the masks, hand the block to the normaliser.
+// The driver's engine for a score source and a normaliser: score each key block, apply
+// the masks, hand the block to the normaliser. Not splittable over keys: the normalisers
+// (heaps, kernel sums) keep no state that merges.
 template <typename T, typename Scores, typename Norm>
-void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int64_t ld,
-              int64_t block_k) {
-  for (int64_t r = 0; r < t.nrows; ++r)
-    if (t.rows[r].weights) std::memset(t.rows[r].weights, 0, size_t(p.len_k) * sizeof(T));
-  sc.begin(t);
-  nm.begin(t);
-  for (int64_t kb = t.klo; kb < t.khi; kb += block_k) {
-    const int64_t n = imin(block_k, t.khi - kb);
-    const int64_t ncols = round_up(n, kColTile<T>);
+struct FamilyEngine {
+  using Params = FamilyParams;
+  using Shared = typename Scores::Shared;
+  static constexpr bool kSplitKeys = false;
+  const FamilyParams& p;
+  const Plan& plan;
+  Scores sc;
+  Norm nm;
+  Task<T> t;
+  T* s = nullptr;  // max_rows x block_k scores
+
+  FamilyEngine(const FamilyParams& params, const Plan& pl, const Shared& shared)
+      : p(params), plan(pl), sc(params, shared), nm(params) {}
+
+  void layout(Arena& a) {
+    const int64_t rows = plan.max_rows, ld = plan.block_k;
+    s = a.take<T>(rows * ld);
+    t.jlo = a.take<int64_t>(rows);
+    t.jhi = a.take<int64_t>(rows);
+    t.active = a.take<uint8_t>(rows);
+    sc.layout(a, rows, ld);
+    nm.layout(a, rows, ld);
+  }
+
+  void begin(const TaskView<T>& tv) {
+    static_cast<TaskView<T>&>(t) = tv;
+    for (int64_t r = 0; r < t.nrows; ++r)
+      if (t.rows[r].weights) std::memset(t.rows[r].weights, 0, size_t(p.len_k) * sizeof(T));
+    sc.begin(t);
+    nm.begin(t);
+  }
+
+  void block(const TaskView<T>&, int64_t kb, int64_t n) {
+    const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
@@ -127,52 +135,23 @@ void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
-  nm.finish(t);
-}
 
-// Runs every task of the call; false if a thread's scratch could not be allocated.
+  void finish(const TaskView<T>&) { nm.finish(t); }
+};
+
+// Runs a family kernel: tasks of one query head x block_q rows, keys in blocks of block_k
+// (rounded to whole column tiles). False if a thread's scratch could not be allocated.
 template <typename T, typename Scores, typename Norm>
 bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, int64_t block_q,
                 int64_t block_k) {
-  int64_t batch = 1;
-  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
-  block_q = imax(1, imin(block_q, p.len_q));
-  block_k = round_up(imax(block_k, 1), kColTile<T>);
-  const int64_t ld = block_k;
-  const int64_t q_blocks = (p.len_q + block_q - 1) / block_q;
-  const int64_t tasks = batch * p.num_heads_q * q_blocks;
-  bool failed = false;
-  const int threads = int(imax(1, imin(p.num_threads, tasks)));
-#pragma omp parallel num_threads(threads)
-  {
-    Scores sc(p, shared);
-    Norm nm(p);
-    Task<T> t;
-    T* s = nullptr;
-    void* raw = arena_allocate([&](Arena& a) {
-      s = a.take<T>(block_q * ld);
-      t.rows = a.take<RowRef<T>>(block_q);
-      t.jlo = a.take<int64_t>(block_q);
-      t.jhi = a.take<int64_t>(block_q);
-      t.active = a.take<uint8_t>(block_q);
-      sc.layout(a, block_q, ld);
-      nm.layout(a, block_q, ld);
-    });
-    if (!raw) {
-#pragma omp atomic write
-      failed = true;
-    }
-    // Tasks of later query blocks come first (task_coord).
-#pragma omp for schedule(dynamic, 1) nowait  // (each thread frees only its own scratch)
-    for (int64_t task = 0; task < tasks; ++task) {
-      if (!raw) continue;
-      setup_task<T>(p, t, task, block_q, q_blocks);
-      run_task<T>(p, sc, nm, t, s, ld, block_k);
-    }
-    std::free(raw);
-  }
-  return !failed;
+  Plan plan;
+  plan.heads = 1;
+  plan.block_q = imax(1, imin(block_q, p.len_q));
+  plan.block_k = round_up(imax(block_k, 1), kColTile<T>);
+  plan_tasks(p, batch, &plan);
+  return run_blocked<T, FamilyEngine<T, Scores, Norm>, false>(p, plan, shared);
 }
 
 // ---------------------------------------------------------------------------------------

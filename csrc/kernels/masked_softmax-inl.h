@@ -1,6 +1,6 @@
 // Masked softmax over one axis (d2l's masked_softmax, generalised), compiled once per ISA
-// (masked_softmax_<isa>.cpp). Memory-bound, so one read of x from memory per row: pass 1
-// takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
+// (in a TU CMake generates from kernels/ops.h). Memory-bound, so one read of x from memory per row:
+// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
 // it while the row is in L1, pass 3 scales the row by 1/sum in place. A row whose kept
 // entries are all -inf (or that keeps nothing) is all zeros; a NaN or +inf among the kept
 // entries makes the whole row NaN. Entries past the row's valid length are never read.

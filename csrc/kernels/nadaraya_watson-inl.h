@@ -1,6 +1,6 @@
 // Nadaraya-Watson kernel regression as attention pooling, compiled once per ISA
-// (nadaraya_watson_<isa>.cpp). Scores are squared distances d2 = ||x_q - x_k||^2 between
-// the query and key features (computed as differences, never through the dot-product
+// (in a TU CMake generates from kernels/ops.h). Scores are squared distances d2 = ||x_q - x_k||^2
+// between the query and key features (computed as differences, never through the dot-product
 // expansion, so nearby points keep their precision):
 //   gaussian: s = -d2 / (2 h^2), online softmax (family-inl.h) -- never 0/0 while keys exist;
 //   boxcar / triangular / epanechnikov: weights K(u), u = sqrt(d2) / h, summed directly;

@@ -1,13 +1,15 @@
-// Blocked ("flash") scaled dot-product attention, written once and compiled once per ISA
-// (sdpa_<isa>.cpp defines FASTATTN_ISA_NS and FASTATTN_VEC_BYTES, then includes this).
-// Everything here lives in that ISA's namespace so no inline code leaks across ISAs;
-// it uses no std containers or std templates that could be emitted out of line.
+// Blocked ("flash") scaled dot-product attention: the (dot scores, online softmax) engine of
+// the blocked driver (driver-inl.h), compiled once per ISA in the TU CMake generates for it.
+// Everything here lives in that ISA's namespace so no inline code leaks across ISAs; it uses
+// no std containers or std templates that could be emitted out of line.
 //
-// Work unit ("task"): one (batch, query head, block of query rows). A task walks the
-// keys its rows may see in blocks, keeping a running row max m, row sum l and an
-// unnormalised output accumulator (online softmax), and normalises once at the end.
-// No Lq x Lk buffer exists unless the caller asked for the weights. Each task is done
-// by one thread start to finish, so results are bit-identical for any thread count.
+// A task (batch entry, kv head with its GQA group of query heads, block of query rows) walks
+// the keys its rows may see in blocks, keeping a running row max m, row sum l and an
+// unnormalised output accumulator, and normalises once at the end. No Lq x Lk buffer exists
+// unless the caller asked for the weights. Two specialisations: tiled (K^T and V packed into
+// panels per key block, register-tiled products) and thin (decoding: a few rows, dot
+// products straight from the key rows); decode-like calls also split the keys (driver Plan)
+// and merge the splits by log-sum-exp.
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -19,6 +21,7 @@
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
+#include "kernels/driver-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -47,37 +50,6 @@ template <typename T>
 inline int64_t padded_dv(int64_t head_dim_v) {
   return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
 }
-
-// Per-thread scratch, one arena block (attention-inl.h) reused by every task the thread runs.
-template <typename T>
-struct Scratch {
-  T* q = nullptr;             // max_rows x head_dim, pre-scaled
-  T* kt = nullptr;            // the key block as K^T panels (see pack_keys), zero-padded
-  T* vp = nullptr;            // the value block as panels (see pack_values)
-  T* s = nullptr;             // sub_rows x kt_ld, scores then probabilities
-  T* acc = nullptr;           // max_rows x padded_dv(head_dim_v), unnormalised output
-  T* m = nullptr;             // max_rows running row max
-  T* l = nullptr;             // max_rows running row sum
-  RowRef<T>* rows = nullptr;  // max_rows
-  void* raw = nullptr;
-
-  bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
-                int64_t kt_ld) {
-    const int64_t dv = padded_dv<T>(head_dim_v);
-    raw = arena_allocate([&](Arena& a) {
-      q = a.take<T>(max_rows * head_dim);
-      kt = a.take<T>(head_dim * kt_ld);
-      vp = a.take<T>(dv * kt_ld);
-      s = a.take<T>(sub_rows * kt_ld);
-      acc = a.take<T>(max_rows * dv);
-      m = a.take<T>(max_rows);
-      l = a.take<T>(max_rows);
-      rows = a.take<RowRef<T>>(max_rows);
-    });
-    return raw != nullptr;
-  }
-  ~Scratch() { std::free(raw); }
-};
 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
@@ -235,43 +207,46 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
   }
 }
 
-// How a call is cut into work. A task is (batch entry, kv head, block of query rows) and
-// covers the query rows of every query head in the kv head's GQA group, so each packed
-// K^T block and each V block serve all of them. Key blocks sit at multiples of block_k
-// whatever the task, so a row's arithmetic does not depend on how rows are grouped into
-// tasks; block_q (and so the task count) may therefore follow the thread count while
-// results stay bit-identical. Decode-like calls with few tasks also split the key range
-// (key_splits, fixed by the shape alone) and merge the partial results by log-sum-exp.
-template <typename T>
-struct Plan {
-  const SdpaParams* p;
-  int64_t group;       // query heads per kv head
-  int64_t block_q;     // query rows per head per task
-  int64_t q_blocks;    // ceil(len_q / block_q)
-  int64_t tasks;       // batch * num_heads_kv * q_blocks
-  int64_t max_rows;    // group * block_q
-  bool thin;           // fewer rows than a register tile per task: no packing (decoding)
-  int64_t block_k;     // keys per block (a multiple of kColTile)
-  int64_t key_splits;  // 1, or the number of key ranges merged by log-sum-exp
-  int64_t split_len;   // keys per split: a multiple of block_k
-  T* partial;          // key_splits > 1: per (task, split, row): Ev accumulators, m, l
-};
-
 constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
+
+// Per-thread scratch, pieces of the driver's arena reused by every task the thread runs.
+template <typename T>
+struct SdpaScratch {
+  T* q = nullptr;    // max_rows x head_dim, pre-scaled
+  T* kt = nullptr;   // the key block as K^T panels (see pack_keys), zero-padded
+  T* vp = nullptr;   // the value block as panels (see pack_values)
+  T* s = nullptr;    // sub_rows x kt_ld, scores then probabilities
+  T* acc = nullptr;  // max_rows x padded_dv(head_dim_v), unnormalised output
+  T* m = nullptr;    // max_rows running row max
+  T* l = nullptr;    // max_rows running row sum
+
+  void layout(Arena& a, const SdpaParams& p, const Plan& plan) {
+    constexpr int RT = SdpaTraits<T>::kRowTile;
+    const int64_t max_rows = round_up(plan.max_rows, RT);
+    const int64_t sub_rows = round_up(imin(kSubRows, plan.max_rows), RT);
+    const int64_t E = imax(p.dim_q, 1), dv = padded_dv<T>(p.dim_v), kt_ld = plan.block_k;
+    q = a.take<T>(max_rows * E);
+    kt = a.take<T>(E * kt_ld);
+    vp = a.take<T>(dv * kt_ld);
+    s = a.take<T>(sub_rows * kt_ld);
+    acc = a.take<T>(max_rows * dv);
+    m = a.take<T>(max_rows);
+    l = a.take<T>(max_rows);
+  }
+};
 
 // Rows [r0, r1) of the task against columns [c0, c1) of the key block that starts at key
 // kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
 // sub-block, and skipped columns are ones no row of the sub-block sees.
-template <typename T>
-void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, int64_t kb_block,
-                  int64_t n_block, int64_t c0, int64_t c1, const T* k_block, const T* v_block,
-                  bool* v_packed, bool* v_finite) {
+template <typename T, bool kThin>
+void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
+                  int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
+                  const T* k_block, const T* v_block, bool* v_packed, bool* v_finite) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
   constexpr T kNegInf = -T(__builtin_inf());
-  const SdpaParams& p = *plan.p;
   const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
@@ -297,10 +272,10 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   for (int64_t t = 0; t < tile_rows / RT; ++t) {
     int64_t hi = 0;
     for (int64_t r = t * RT; r < imin(nrows, t * RT + RT); ++r)
-      hi = imax(hi, imin(sc.rows[r0 + r].hi - kb, n));
-    width[t] = plan.thin ? ncols : round_up(hi, Tr::kColTile);
+      hi = imax(hi, imin(rows[r0 + r].hi - kb, n));
+    width[t] = kThin ? ncols : round_up(hi, Tr::kColTile);
   }
-  if (plan.thin) {
+  if (kThin) {
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
                   nrows, n);
   } else {
@@ -312,7 +287,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the tile's width w.
   for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = sc.rows[r0 + r];
+    const RowRef<T>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
@@ -363,7 +338,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1, i
   }
 
   T* acc = sc.acc + r0 * Eva;
-  if (plan.thin) {  // straight from the value rows
+  if (kThin) {  // straight from the value rows
     for (int64_t r = 0; r < nrows; ++r)
       pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
     return;
@@ -407,50 +382,61 @@ inline T lse_of(T m, T l) {
   return m == -T(__builtin_inf()) ? m : T(double(m) + __builtin_log(double(l)));
 }
 
-// One work item: task t (batch entry, kv head, query block) over the keys of split `split`.
+// Key splits: per (task, split, row) the Ev accumulators, m and l.
 template <typename T>
-void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) {
-  const SdpaParams& p = *plan.p;
-  using Tr = SdpaTraits<T>;
-  constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
-  const int64_t kt_ld = plan.block_k;
+struct SdpaShared {
+  T* partial = nullptr;
+};
 
-  const TaskCoord c = task_coord(p, t, plan.group, plan.block_q, plan.q_blocks);
-  const int64_t nrows = c.heads * c.nq;
-  const int64_t key_begin = split * plan.split_len;
-  const int64_t key_end = imin(Lk, key_begin + plan.split_len);
-  TaskRefs<T> refs;
-  int64_t klo, khi;
-  setup_task_rows(p, c, key_begin, key_end, &refs, sc.rows, &klo, &khi);
-  const T* k = refs.k;
-  const T* v = refs.v;
-  const T scale = T(p.scale);
-  for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = sc.rows[r];
-    sc.m[r] = kNegInf;
-    sc.l[r] = T(0);
-    for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
-    // Weights hold the masked scores (-inf = not attended) until the final lse is known.
-    if (row.weights)
-      for (int64_t j = key_begin; j < key_end; ++j) row.weights[j] = kNegInf;
+// The driver's engine (driver-inl.h): dot scores (tiled, or direct when kThin) with softcap
+// and the online softmax; splittable over keys.
+template <typename T, bool kThin>
+struct SdpaEngine {
+  using Params = SdpaParams;
+  using Shared = SdpaShared<T>;
+  static constexpr bool kSplitKeys = true;
+  const SdpaParams& p;
+  const Plan& plan;
+  const Shared& sh;
+  SdpaScratch<T> sc;
+
+  SdpaEngine(const SdpaParams& params, const Plan& pl, const Shared& shared)
+      : p(params), plan(pl), sh(shared) {}
+
+  void layout(Arena& a) { sc.layout(a, p, plan); }
+
+  void begin(const TaskView<T>& tv) {
+    constexpr T kNegInf = -T(__builtin_inf());
+    const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
+    const T scale = T(p.scale);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      sc.m[r] = kNegInf;
+      sc.l[r] = T(0);
+      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
+      // Weights hold the masked scores (-inf = not attended) until the final lse is known.
+      if (row.weights)
+        for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
+    }
+    // Rows up to the next whole register tile are padding: zero queries, never read back.
+    const int64_t tile_rows = round_up(nrows, SdpaTraits<T>::kRowTile);
+    std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
+    std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
   }
-  // Rows up to the next whole register tile are padding: zero queries, never read back.
-  const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
-  std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
-  std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
 
-  // Key blocks at multiples of block_k (see Plan).
-  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
-    const int64_t n = imin(plan.block_k, khi - kb);
+  // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
+  // of its rows see; K^T is packed once per block, V on first need.
+  void block(const TaskView<T>& tv, int64_t kb, int64_t n) {
+    using Tr = SdpaTraits<T>;
     const int64_t ncols = round_up(n, Tr::kColTile);
+    const T* k = tv.refs.k + kb * p.k.row_stride;
+    const T* v = tv.refs.v + kb * p.v.row_stride;
     bool packed = false, v_packed = false, v_finite = true;
-    for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
-      const int64_t r1 = imin(nrows, r0 + kSubRows);
-      // The columns of this block that some row of the sub-block sees.
+    for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
+      const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
       int64_t lo_min = kb + n, hi_max = kb;
       for (int64_t r = r0; r < r1; ++r) {
-        const RowRef<T>& row = sc.rows[r];
+        const RowRef<T>& row = tv.rows[r];
         const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
         if (lo < hi) {
           lo_min = imin(lo_min, lo);
@@ -458,103 +444,100 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
         }
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
-      if (!packed && !plan.thin) {
-        pack_keys(k + kb * p.k.row_stride, p.k.row_stride, n, ncols, E, sc.kt);
+      if (!kThin && !packed) {
+        pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
         packed = true;
       }
       const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
-      attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, k + kb * p.k.row_stride,
-                   v + kb * p.v.row_stride, &v_packed, &v_finite);
+      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, &v_packed,
+                             &v_finite);
     }
   }
 
-  if (plan.key_splits > 1) {  // hand the partial state to the merge
-    T* part = plan.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
-    for (int64_t r = 0; r < nrows; ++r) {
+  // Normalise once; a row that saw no key gets output 0 and lse -inf.
+  void finish(const TaskView<T>& tv) {
+    const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      const T m = sc.m[r];
+      const bool empty = (m == -T(__builtin_inf()));
+      const T inv = empty ? T(0) : T(1) / sc.l[r];
+      const T* a = sc.acc + r * Eva;
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
+      if (row.lse) *row.lse = lse_of(m, sc.l[r]);
+      if (row.weights) finish_weights(row.weights, p.len_k, m, sc.l[r]);
+    }
+  }
+
+  void save_partial(const TaskView<T>& tv, int64_t t, int64_t split) {
+    const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
+    T* part = sh.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
       T* dst = part + r * (Ev + 2);
       std::memcpy(dst, sc.acc + r * Eva, size_t(Ev) * sizeof(T));
       dst[Ev] = sc.m[r];
       dst[Ev + 1] = sc.l[r];
     }
-    return;
   }
-  // Normalise once; a row that saw no key gets output 0 and lse -inf.
-  for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = sc.rows[r];
-    const T m = sc.m[r];
-    const bool empty = (m == kNegInf);
-    const T inv = empty ? T(0) : T(1) / sc.l[r];
-    const T* a = sc.acc + r * Eva;
-    for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
-    if (row.lse) *row.lse = lse_of(m, sc.l[r]);
-    if (row.weights) finish_weights(row.weights, Lk, m, sc.l[r]);
-  }
-}
 
-// Merge the key splits of task t in split order (fixed, so results do not depend on
-// which thread ran which split) and write the normalised output and lse.
-template <typename T>
-void merge_splits(const Plan<T>& plan, Scratch<T>& sc, int64_t t) {
-  const SdpaParams& p = *plan.p;
-  constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t Ev = p.dim_v;
-  const TaskCoord tc = task_coord(p, t, plan.group, plan.block_q, plan.q_blocks);
-  TaskRefs<T> refs;
-  int64_t klo, khi;
-  setup_task_rows(p, tc, 0, p.len_k, &refs, sc.rows, &klo, &khi);
-  const T* part = plan.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
-  const int64_t split_stride = plan.max_rows * (Ev + 2);
-  for (int64_t r = 0; r < tc.heads * tc.nq; ++r) {
-    const RowRef<T>& row = sc.rows[r];
-    T* out = row.out;
-    T m = kNegInf;
-    for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
-      const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
-      m = (ms > m || ms != ms) ? ms : m;
-    }
-    for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
-    T l = 0;
-    if (m != kNegInf) {
+  // The key splits of task t in split order (fixed, so results do not depend on which
+  // thread ran which split) -> the normalised output, lse and weights.
+  void merge(const TaskView<T>& tv, int64_t t) {
+    constexpr T kNegInf = -T(__builtin_inf());
+    const int64_t Ev = p.dim_v;
+    const T* part = sh.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
+    const int64_t split_stride = plan.max_rows * (Ev + 2);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      T* out = row.out;
+      T m = kNegInf;
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
-        const T* src = part + sp * split_stride + r * (Ev + 2);
-        if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
-        const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
-        l = vfma(w, src[Ev + 1], l);
-        for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
+        const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
+        m = (ms > m || ms != ms) ? ms : m;
       }
-      const T inv = T(1) / l;
-      for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
+      for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
+      T l = 0;
+      if (m != kNegInf) {
+        for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
+          const T* src = part + sp * split_stride + r * (Ev + 2);
+          if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
+          const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
+          l = vfma(w, src[Ev + 1], l);
+          for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
+        }
+        const T inv = T(1) / l;
+        for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
+      }
+      if (row.lse) *row.lse = lse_of(m, l);
+      if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
-    if (row.lse) *row.lse = lse_of(m, l);
-    if (row.weights) finish_weights(row.weights, p.len_k, m, l);
   }
-}
+};
 
-// Returns false if scratch could not be allocated (the caller raises).
+// The plan: a task is (batch entry, kv head, block of query rows) and covers the rows of
+// every query head of the kv head's GQA group, so each packed K^T and V block serves all
+// of them. block_q (and so the task count) may follow the thread count (the driver keeps
+// results bit-identical); thin and the key splits are fixed by the shape alone, since the
+// specialisations round differently. Returns false if scratch could not be allocated.
 template <typename T>
 bool sdpa_forward(const SdpaParams& p) {
-  int64_t batch = 1;
-  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
 
-  Plan<T> plan;
-  plan.p = &p;
-  plan.group = p.num_heads_q / p.num_heads_kv;
+  Plan plan;
+  plan.heads = p.num_heads_q / p.num_heads_kv;
   plan.block_k = key_block_size<T>(imax(p.dim_q, 1), p.l1_bytes);
-  // About 256 rows per task, fewer when that leaves threads idle (see Plan).
-  plan.block_q = imax(1, imin(p.len_q, 256 / plan.group));
+  // About 256 rows per task, fewer when that leaves threads idle.
+  plan.block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t heads = batch * p.num_heads_kv;
   const int64_t shape_tasks = heads * ((p.len_q + plan.block_q - 1) / plan.block_q);
   while (plan.block_q > 16 &&
          heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
     plan.block_q /= 2;
-  plan.q_blocks = (p.len_q + plan.block_q - 1) / plan.block_q;
-  plan.tasks = heads * plan.q_blocks;
-  plan.max_rows = plan.group * plan.block_q;
-  // Fixed by the shape (not by block_q, which follows the thread count), since the two
-  // paths round differently.
-  plan.thin = plan.group * p.len_q < SdpaTraits<T>::kRowTile;
-  // Few tasks over long key ranges (decoding): split the keys. Fixed by the shape alone.
+  plan_tasks(p, batch, &plan);
+  // Thin: fewer rows than a register tile per task (decoding), no packing.
+  const bool thin = plan.heads * p.len_q < SdpaTraits<T>::kRowTile;
+  // Few tasks over long key ranges (decoding): split the keys.
   plan.key_splits = 1;
   plan.split_len = imax(p.len_k, 1);
   constexpr int64_t kTargetItems = 32;
@@ -567,40 +550,20 @@ bool sdpa_forward(const SdpaParams& p) {
       plan.key_splits = (p.len_k + plan.split_len - 1) / plan.split_len;
     }
   }
-  plan.partial = nullptr;
+  SdpaShared<T> sh;
   if (plan.key_splits > 1) {
     const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
-    plan.partial =
+    sh.partial =
         static_cast<T*>(std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
-    if (!plan.partial) return false;
+    if (!sh.partial) return false;
   }
-
-  const int64_t items = plan.tasks * plan.key_splits;
-  bool failed = false;
-  const int threads = int(imax(1, imin(p.num_threads, items)));
-#pragma omp parallel num_threads(threads)
-  {
-    Scratch<T> sc;
-    const bool ok = sc.allocate(round_up(plan.max_rows, SdpaTraits<T>::kRowTile),
-                                round_up(imin(kSubRows, plan.max_rows), SdpaTraits<T>::kRowTile),
-                                imax(p.dim_q, 1), p.dim_v, plan.block_k);
-    if (!ok) {
-#pragma omp atomic write
-      failed = true;
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      if (ok) attend_task(plan, sc, item / plan.key_splits, item % plan.key_splits);
-    }
-    if (plan.key_splits > 1) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < plan.tasks; ++t) {
-        if (!failed) merge_splits(plan, sc, t);
-      }
-    }
-  }
-  std::free(plan.partial);
-  return !failed;
+  const bool ok = FASTATTN_BOOL_SWITCH(thin, kThin, [&] {
+    return FASTATTN_BOOL_SWITCH(plan.key_splits > 1, kSplit, [&] {
+      return run_blocked<T, SdpaEngine<T, kThin>, kSplit>(p, plan, sh);
+    });
+  });
+  std::free(sh.partial);
+  return ok;
 }
 
 // The softmax's exp2 on an array (whole vectors, then one-lane tail), for the accuracy test.
