@@ -9,9 +9,9 @@
 namespace fastattn {
 
 struct ArrayRef {
-  bool given = false;     // false = argument absent
+  bool given = false;  // false = argument absent
   void* data = nullptr;
-  char kind = 0;         // NumPy dtype kind: 'f', 'b', 'i', 'u'
+  char kind = 0;  // NumPy dtype kind: 'f', 'b', 'i', 'u'
   int64_t itemsize = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // bytes

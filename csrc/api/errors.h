@@ -12,8 +12,8 @@ namespace fastattn {
 class ScratchAllocationError : public std::bad_alloc {
  public:
   explicit ScratchAllocationError(const char* kernel)
-      : message_(std::string("fastattn: could not allocate the scratch memory of the ") +
-                 kernel + " kernel (the call is too large for the memory available)") {}
+      : message_(std::string("fastattn: could not allocate the scratch memory of the ") + kernel +
+                 " kernel (the call is too large for the memory available)") {}
   const char* what() const noexcept override { return message_.c_str(); }
 
  private:

@@ -5,153 +5,26 @@
 #include <string>
 
 #include "api/errors.h"
-#include "api/family_params.h"
+#include "api/params.h"
 #include "dispatch/isa.h"
 
 namespace fastattn {
 namespace {
 
-void require(bool ok, const char* fn, const std::string& what) {
-  if (!ok) throw std::invalid_argument(std::string("fastattn._core.") + fn + ": " + what);
-}
-
-bool is_empty(const ArrayRef& a) {
-  for (int64_t n : a.shape)
-    if (n == 0) return true;
-  return false;
-}
-
-bool is_contiguous(const ArrayRef& a) {
-  if (is_empty(a)) return true;
-  int64_t expected = a.itemsize;
-  for (int64_t d = a.ndim() - 1; d >= 0; --d) {
-    if (a.shape[d] != 1 && a.strides[d] != expected) return false;
-    expected *= a.shape[d];
-  }
-  return true;
-}
-
 void require_float(const ArrayRef& a, int64_t itemsize, const char* fn, const char* name) {
-  require(a.kind == 'f' && a.itemsize == itemsize, fn,
-          std::string(name) + " must have the compute dtype (float32 or float64)");
+  require(a.kind == 'f' && a.itemsize == itemsize, fn, name,
+          " must have the compute dtype (float32 or float64)");
 }
 
-// The element stride of axis d. An axis of length 0 or 1 is never stepped along, so its
-// byte stride may be anything (NumPy leaves odd ones on views); it counts as 0.
-int64_t element_stride(const ArrayRef& a, int64_t d, const char* fn, const char* name) {
-  if (a.shape[d] <= 1 || is_empty(a)) return 0;
-  require(a.strides[d] % a.itemsize == 0, fn,
-          std::string(name) + " has a stride that is not a multiple of its item size");
-  return a.strides[d] / a.itemsize;
-}
-
-// A StridedView of an array laid out (batch..., head, row[, col]).
-StridedView view_of(const ArrayRef& a, const char* fn, const char* name, int64_t bn, int tail,
-                    bool unit_last) {
-  require(a.ndim() == bn + tail, fn, std::string(name) + " has the wrong number of dimensions");
-  StridedView v;
-  v.data = a.data;
-  for (int64_t d = 0; d < bn; ++d) v.batch_stride[d] = element_stride(a, d, fn, name);
-  v.head_stride = element_stride(a, bn, fn, name);
-  v.row_stride = element_stride(a, bn + 1, fn, name);
-  if (tail == 3) {
-    v.col_stride = element_stride(a, bn + 2, fn, name);
-    if (unit_last)
-      require(v.col_stride == 1 || a.shape[bn + 2] <= 1 || is_empty(a), fn,
-              std::string(name) + " must have a unit-stride last axis");
-    if (unit_last) v.col_stride = 1;
-  }
-  return v;
-}
-
-// Shapes, views and masks common to every attention-family call. `same_dims`: query and
-// key features must match (dot and distance scores; additive projects each separately).
 FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) {
-  require(c.query.kind == 'f' && (c.query.itemsize == 4 || c.query.itemsize == 8), fn,
-          "query must be float32 or float64");
-  const int64_t itemsize = c.query.itemsize;
-  for (const ArrayRef* a : {&c.key, &c.value, &c.out})
-    require(a->kind == 'f' && a->itemsize == itemsize, fn, "query/key/value/out dtypes differ");
-  require(c.out.writeable, fn, "out must be writeable");
-  const int64_t nd = c.query.ndim();
-  require(nd >= 3 && nd - 3 <= kMaxBatchDims, fn, "query must have 3 to 64 dimensions");
-  const int64_t bn = nd - 3;
-
   FamilyParams p;
-  p.batch_ndim = bn;
-  for (int64_t d = 0; d < bn; ++d) {
-    p.batch_shape[d] = c.query.shape[d];
-    for (const ArrayRef* a : {&c.key, &c.value, &c.out})
-      require(a->ndim() == nd && a->shape[d] == c.query.shape[d], fn, "batch dimensions differ");
-  }
-  for (const ArrayRef* a : {&c.key, &c.value, &c.out})
-    require(a->ndim() == nd, fn, "query/key/value/out ranks differ");
-  p.num_heads_q = c.query.shape[bn];
-  p.len_q = c.query.shape[bn + 1];
-  p.dim_q = c.query.shape[bn + 2];
-  p.num_heads_kv = c.key.shape[bn];
-  p.len_k = c.key.shape[bn + 1];
-  p.dim_k = c.key.shape[bn + 2];
-  p.dim_v = c.value.shape[bn + 2];
-  require(!same_dims || p.dim_k == p.dim_q, fn, "key and query feature sizes differ");
-  require(c.value.shape[bn] == p.num_heads_kv && c.value.shape[bn + 1] == p.len_k, fn,
-          "key and value heads/lengths differ");
-  require(p.num_heads_kv > 0 ? p.num_heads_q % p.num_heads_kv == 0 : p.num_heads_q == 0, fn,
-          "key heads do not divide query heads");
-  require(c.out.shape[bn] == p.num_heads_q && c.out.shape[bn + 1] == p.len_q &&
-              c.out.shape[bn + 2] == p.dim_v,
-          fn, "out has the wrong shape");
-
-  p.q = view_of(c.query, fn, "query", bn, 3, true);
-  p.k = view_of(c.key, fn, "key", bn, 3, true);
-  p.v = view_of(c.value, fn, "value", bn, 3, true);
-  p.out = view_of(c.out, fn, "out", bn, 3, true);
-
-  auto check_scores_shape = [&](const ArrayRef& a, const char* name, int tail) {
-    for (int64_t d = 0; d < bn; ++d)
-      require(a.shape[d] == c.query.shape[d], fn, std::string(name) + " batch dims differ");
-    require(a.shape[bn] == p.num_heads_q && a.shape[bn + 1] == p.len_q &&
-                (tail == 2 || a.shape[bn + 2] == p.len_k),
-            fn, std::string(name) + " has the wrong shape");
-  };
-  if (c.bool_mask.present()) {
-    require(c.bool_mask.kind == 'b' && c.bool_mask.itemsize == 1, fn, "bool_mask must be bool");
-    p.bool_mask = view_of(c.bool_mask, fn, "bool_mask", bn, 3, false);
-    check_scores_shape(c.bool_mask, "bool_mask", 3);
-  }
-  if (c.float_mask.present()) {
-    require(c.float_mask.kind == 'f' && c.float_mask.itemsize == itemsize, fn,
-            "float_mask must have the query's dtype");
-    p.float_mask = view_of(c.float_mask, fn, "float_mask", bn, 3, false);
-    check_scores_shape(c.float_mask, "float_mask", 3);
-  }
-  if (c.valid_lens.present()) {
-    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8, fn,
-            "valid_lens must be int64");
-    p.valid_lens = view_of(c.valid_lens, fn, "valid_lens", bn, 2, false);
-    check_scores_shape(c.valid_lens, "valid_lens", 2);
-  }
-  if (c.weights.present()) {
-    require(c.weights.kind == 'f' && c.weights.itemsize == itemsize && c.weights.writeable &&
-                c.weights.ndim() == nd && is_contiguous(c.weights),
-            fn, "weights must be a writeable C-contiguous array of the query's dtype");
-    check_scores_shape(c.weights, "weights", 3);
-    p.weights = c.weights.data;
-  }
-  require(c.num_threads >= 1, fn, "num_threads must be >= 1");
-  require(c.window_left >= -1 && c.window_right >= -1, fn, "window sides must be >= -1");
-  p.scale = c.scale;
-  p.causal = c.causal;
-  p.diag_offset = c.diag_offset;
-  p.window_left = c.window_left;
-  p.window_right = c.window_right;
-  p.num_threads = c.num_threads;
+  check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p);
   return p;
 }
 
 void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
-  require(c.normalizer == int(Normalizer::kSoftmax) || c.normalizer == int(Normalizer::kSelect),
-          fn, "normalizer must be softmax (0) or select (1)");
+  require(c.normalizer == int(Normalizer::kSoftmax) || c.normalizer == int(Normalizer::kSelect), fn,
+          "normalizer must be softmax (0) or select (1)");
   p.normalizer = Normalizer(c.normalizer);
   require(c.top_k >= 1, fn, "top_k must be >= 1");
   require(!c.hardmax || c.top_k == 1, fn, "hardmax keeps one key (top_k == 1)");
@@ -190,8 +63,7 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
     p.mask = rows_of(c.mask, "mask", true);
   }
   if (c.valid_lens.present()) {
-    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8 &&
-                c.valid_lens.ndim() == nd - 1,
+    require(c.valid_lens.kind == 'i' && c.valid_lens.itemsize == 8 && c.valid_lens.ndim() == nd - 1,
             fn, "valid_lens must be int64 with one entry per row");
     for (int64_t d = 0; d < nd - 1; ++d)
       require(c.valid_lens.shape[d] == c.x.shape[d], fn, "valid_lens has the wrong shape");
@@ -224,7 +96,8 @@ void additive_attention(const FamilyCall& c) {
   p.w_k = c.w_k.data;
   p.w_v = c.w_v.data;
   const KernelTable& kernels = active_kernels();
-  const bool ok = itemsize == 4 ? kernels.additive_f32(p) : kernels.additive_f64(p);
+  const bool ok =
+      itemsize == 4 ? kernels.additive_attention_f32(p) : kernels.additive_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -234,7 +107,8 @@ void select_attention(const FamilyCall& c) {
   set_normalizer(p, c, fn);
   require(p.normalizer == Normalizer::kSelect, fn, "the select kernel needs normalizer 1");
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.query.itemsize == 4 ? kernels.select_f32(p) : kernels.select_f64(p);
+  const bool ok =
+      c.query.itemsize == 4 ? kernels.select_attention_f32(p) : kernels.select_attention_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -244,8 +118,8 @@ void nadaraya_watson(const FamilyCall& c) {
   require(c.kernel >= 0 && c.kernel <= int(RegressionKernel::kEpanechnikov), fn,
           "kernel must be 0..3");
   p.kernel = RegressionKernel(c.kernel);
-  p.normalizer = p.kernel == RegressionKernel::kGaussian ? Normalizer::kSoftmax
-                                                         : Normalizer::kKernelSum;
+  p.normalizer =
+      p.kernel == RegressionKernel::kGaussian ? Normalizer::kSoftmax : Normalizer::kKernelSum;
   const int64_t bn = p.batch_ndim;
   require(c.bandwidth.present() && c.bandwidth.kind == 'f' && c.bandwidth.itemsize == 8 &&
               c.bandwidth.ndim() == bn,

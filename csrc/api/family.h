@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "api/array_ref.h"
+#include "api/attention.h"
 
 namespace fastattn {
 
@@ -19,22 +20,15 @@ struct MaskedSoftmaxCall {
 };
 void masked_softmax(const MaskedSoftmaxCall& call);
 
-// query/key/value/out: (batch..., H, L, D) with equal batch dims (broadcast views fine);
-// masks (batch..., Hq, Lq, Lk); valid_lens (batch..., Hq, Lq) int64; weights C-contiguous
-// (batch..., Hq, Lq, Lk). Additive: w_q (Dq, hidden), w_k (Dk, hidden), w_v (hidden,),
-// C-contiguous. Kernel regression: bandwidth float64 (batch...).
-struct FamilyCall {
-  ArrayRef query, key, value, out, bool_mask, float_mask, valid_lens, weights;
+// The shared arguments (AttnCall; no lse), then the score's and the normaliser's own.
+// Additive: w_q (Dq, hidden), w_k (Dk, hidden), w_v (hidden,), C-contiguous. Kernel
+// regression: bandwidth float64 (batch...).
+struct FamilyCall : AttnCall {
   ArrayRef w_q, w_k, w_v, bandwidth;
-  double scale = 1.0;
-  bool causal = false;
-  int64_t diag_offset = 0;
-  int64_t window_left = -1, window_right = -1;
-  int normalizer = 0;  // Normalizer in api/family_params.h
+  int normalizer = 0;  // Normalizer in api/params.h
   int64_t top_k = 1;
   bool hardmax = false;
-  int kernel = 0;      // RegressionKernel in api/family_params.h
-  int num_threads = 1;
+  int kernel = 0;  // RegressionKernel in api/params.h
 };
 void additive_attention(const FamilyCall& call);
 void select_attention(const FamilyCall& call);

@@ -1,19 +1,13 @@
+// The entry point of scaled_dot_product_attention.
 #pragma once
 
-#include "api/array_ref.h"
+#include "api/attention.h"
 
 namespace fastattn {
 
-struct SdpaCall {
-  // query/key/value/out: (batch..., H, L, E) with equal batch dims (broadcast views are
-  // fine). Masks: (batch..., Hq, Lq, Lk); valid_lens: (batch..., Hq, Lq) int64.
-  ArrayRef query, key, value, out, bool_mask, float_mask, valid_lens, lse, weights;
-  double scale = 1.0;
+// The shared arguments (AttnCall), and the softcap (0 = none).
+struct SdpaCall : AttnCall {
   double softcap = 0.0;
-  bool causal = false;
-  int64_t diag_offset = 0;
-  int64_t window_left = -1, window_right = -1;
-  int num_threads = 1;
 };
 
 // Checks the invariants the Python layer established (cheaply), fills SdpaParams and

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "api/errors.h"
 #include "dispatch/isa.h"
 
 namespace py = pybind11;
@@ -12,8 +13,9 @@ namespace fastattn {
 void register_config(py::module_& m) {
   m.def("available_isas", &available_isas, "ISAs compiled in and supported here, best last.");
   m.def("compiled_isas", &compiled_isas, "ISAs compiled into this build.");
-  m.def("active_isa", [] { return std::string(active_kernels().name); },
-        "The ISA the kernels currently run with.");
+  m.def(
+      "active_isa", [] { return std::string(active_kernels().name); },
+      "The ISA the kernels currently run with.");
   m.def("set_isa", &set_isa, py::arg("name"), "Select the kernels' ISA by name.");
   m.def("omp_max_threads", [] { return omp_get_max_threads(); });
   m.def(
@@ -38,6 +40,38 @@ void register_config(py::module_& m) {
         throw py::type_error("x must be float32 or float64");
       },
       py::arg("x"));
+  // Machine-limit probes of the active ISA (kernels/machine_limits-inl.h).
+  m.def(
+      "fma_peak",
+      [](const std::string& dtype, int num_threads, double seconds) {
+        if (dtype != "float32" && dtype != "float64")
+          throw py::value_error("dtype must be 'float32' or 'float64', got dtype='" + dtype + "'");
+        if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
+        if (!(seconds > 0)) throw py::value_error("seconds must be > 0");
+        const KernelTable& k = active_kernels();
+        py::gil_scoped_release release;
+        return dtype == "float32" ? k.fma_peak_f32(num_threads, seconds)
+                                  : k.fma_peak_f64(num_threads, seconds);
+      },
+      py::arg("dtype") = "float32", py::arg("num_threads") = 1, py::arg("seconds") = 0.2,
+      "GFLOP/s of vector FMAs (2 flops each) on the active ISA.");
+  m.def(
+      "read_bandwidth",
+      [](int64_t nbytes, int num_threads, int repeats) {
+        if (nbytes < 1) throw py::value_error("nbytes must be >= 1");
+        if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
+        if (repeats < 1) throw py::value_error("repeats must be >= 1");
+        const KernelTable& k = active_kernels();
+        double gbs;
+        {
+          py::gil_scoped_release release;
+          gbs = k.read_bandwidth_f64(nbytes, num_threads, repeats);
+        }
+        if (gbs < 0) throw ScratchAllocationError("read_bandwidth");
+        return gbs;
+      },
+      py::arg("nbytes") = int64_t(1) << 30, py::arg("num_threads") = 1, py::arg("repeats") = 3,
+      "Best GB/s of a vectorised sum over nbytes (larger than the caches) on the active ISA.");
   m.attr("version") = FASTATTN_VERSION;
   m.attr("compiler") = FASTATTN_COMPILER;
   m.attr("openmp_version") = _OPENMP;

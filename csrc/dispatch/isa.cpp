@@ -7,31 +7,33 @@
 #include <atomic>
 #include <stdexcept>
 
-#include "kernels/family.h"
-#include "kernels/sdpa.h"
-
 namespace fastattn {
 namespace {
 
-// One row per ISA: the SDPA kernel, then the attention family, f32 before f64.
-#define FASTATTN_KERNEL_TABLE(tag, ns)                                                      \
-  {tag,                          #ns,                                                       \
-   ns::sdpa_forward_f32,         ns::sdpa_forward_f64,                                      \
-   ns::exp2_f32,                 ns::exp2_f64,                                              \
-   ns::masked_softmax_f32,       ns::masked_softmax_f64,                                    \
-   ns::additive_attention_f32,   ns::additive_attention_f64,                                \
-   ns::project_f32,              ns::project_f64,                                           \
-   ns::select_attention_f32,     ns::select_attention_f64,                                  \
-   ns::nadaraya_watson_f32,      ns::nadaraya_watson_f64}
+// One row per ISA, its fields in FASTATTN_OPS order.
+#define FASTATTN_TABLE_ENTRY(source, name, Sig) \
+  FASTATTN_TABLE_NS::name##_f32, FASTATTN_TABLE_NS::name##_f64,
+#define FASTATTN_STRINGIFY(x) #x
+#define FASTATTN_NAME_OF(ns) FASTATTN_STRINGIFY(ns)
+#define FASTATTN_KERNEL_TABLE(tag) \
+  {tag, FASTATTN_NAME_OF(FASTATTN_TABLE_NS), FASTATTN_OPS(FASTATTN_TABLE_ENTRY)}
 
 const KernelTable kTables[] = {
-    FASTATTN_KERNEL_TABLE(Isa::kScalar, scalar),
-    FASTATTN_KERNEL_TABLE(Isa::kBaseline, baseline),
+#define FASTATTN_TABLE_NS scalar
+    FASTATTN_KERNEL_TABLE(Isa::kScalar),
+#undef FASTATTN_TABLE_NS
+#define FASTATTN_TABLE_NS baseline
+    FASTATTN_KERNEL_TABLE(Isa::kBaseline),
+#undef FASTATTN_TABLE_NS
 #if defined(FASTATTN_HAVE_AVX2)
-    FASTATTN_KERNEL_TABLE(Isa::kAvx2, avx2),
+#define FASTATTN_TABLE_NS avx2
+    FASTATTN_KERNEL_TABLE(Isa::kAvx2),
+#undef FASTATTN_TABLE_NS
 #endif
 #if defined(FASTATTN_HAVE_AVX512)
-    FASTATTN_KERNEL_TABLE(Isa::kAvx512, avx512),
+#define FASTATTN_TABLE_NS avx512
+    FASTATTN_KERNEL_TABLE(Isa::kAvx512),
+#undef FASTATTN_TABLE_NS
 #endif
 };
 constexpr int kNumTables = int(sizeof(kTables) / sizeof(kTables[0]));

@@ -6,31 +6,21 @@
 #include <string>
 #include <vector>
 
-#include "api/family_params.h"
-#include "api/sdpa_params.h"
+#include "kernels/ops.h"
 
 namespace fastattn {
 
 enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512 };
 
+// One ISA's kernels: a name_f32 and a name_f64 pointer per entry of FASTATTN_OPS.
 struct KernelTable {
   Isa isa;
   const char* name;
-  bool (*sdpa_f32)(const SdpaParams&);
-  bool (*sdpa_f64)(const SdpaParams&);
-  void (*exp2_f32)(const float*, float*, int64_t);  // the softmax's exp2, for tests
-  void (*exp2_f64)(const double*, double*, int64_t);
-  // The attention family (csrc/kernels/family.h).
-  bool (*masked_softmax_f32)(const MaskedSoftmaxParams&);
-  bool (*masked_softmax_f64)(const MaskedSoftmaxParams&);
-  bool (*additive_f32)(const FamilyParams&);
-  bool (*additive_f64)(const FamilyParams&);
-  bool (*project_f32)(const ProjectParams&);
-  bool (*project_f64)(const ProjectParams&);
-  bool (*select_f32)(const FamilyParams&);
-  bool (*select_f64)(const FamilyParams&);
-  bool (*nadaraya_watson_f32)(const FamilyParams&);
-  bool (*nadaraya_watson_f64)(const FamilyParams&);
+#define FASTATTN_TABLE_FIELD(source, name, Sig) \
+  Sig<float>* name##_f32;                       \
+  Sig<double>* name##_f64;
+  FASTATTN_OPS(FASTATTN_TABLE_FIELD)
+#undef FASTATTN_TABLE_FIELD
 };
 
 // ISAs this build compiled and this CPU/OS can run, best last.

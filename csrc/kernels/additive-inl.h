@@ -1,15 +1,16 @@
 // Additive (Bahdanau) attention and the row projection it is built on, compiled once per
-// ISA (additive_<isa>.cpp). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @ w_k):
+// ISA (in a TU CMake generates from kernels/ops.h). score[i, j] = w_v . tanh(q[i] @ w_q + k[j] @
+// w_k):
 //   1. project every query row and key row once (O((Lq + Lk) * hidden) memory; the keys
 //      go into panels of one vector's width, hidden-major, so the score loop streams them);
 //      and each value x also as e^(2x); when every projection is moderate the scores use
 //      those (see AdditiveScores: tanh(a + b) then costs a multiply-add and half a division);
-//   2. run the blocked driver (family-inl.h): per (query-row tile, key vector) accumulate
+//   2. run the blocked driver (driver-inl.h, family-inl.h): per (query-row tile, key vector)
+//   accumulate
 //      the hidden terms, never forming the Lq x Lk x hidden tensor; then online softmax
 //      (or hardmax/top-k) and P V.
 #pragma once  // per translation unit
 
-#include "kernels/activations-inl.h"
 #include "kernels/family-inl.h"
 
 namespace fastattn {
@@ -56,8 +57,8 @@ struct AdditiveScores {
   void layout(Arena&, int64_t, int64_t) {}
 
   void begin(const Task<T>& t) {
-    qp = sh.qp + ((t.b * p.num_heads_q + t.h) * p.len_q + t.i0) * p.hidden;
-    kp = sh.kp + (t.b * p.num_heads_kv + t.hk) * sh.kp_stride;
+    qp = sh.qp + ((t.c.b * p.num_heads_q + t.c.h0) * p.len_q + t.c.i0) * p.hidden;
+    kp = sh.kp + (t.c.b * p.num_heads_kv + t.c.hk) * sh.kp_stride;
   }
 
   // acc[rr] (rows q0 + rr * H) for the key vector whose panel is `panel`.
@@ -74,20 +75,22 @@ struct AdditiveScores {
         const V k0 = vload(panel + h * L), k1 = vload(panel + (h + 1) * L);
         const T c0 = w[h], c1 = w[h + 1];
         for (int rr = 0; rr < RT; ++rr) {
-          const V d0 = vmin<T>(q0[rr * H + h] * k0 + one, big);
-          const V d1 = vmin<T>(q0[rr * H + h + 1] * k1 + one, big);
-          acc[rr] += (c0 * d1 + c1 * d0) / (d0 * d1);
+          const V d0 = vmin(vfma(vbroadcast(q0[rr * H + h]), k0, one), big);
+          const V d1 = vmin(vfma(vbroadcast(q0[rr * H + h + 1]), k1, one), big);
+          acc[rr] += vfma(vbroadcast(c0), d1, c1 * d0) / (d0 * d1);
         }
       }
       if (h < H) {
         const V k0 = vload(panel + h * L);
-        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] / vmin<T>(q0[rr * H + h] * k0 + one, big);
+        for (int rr = 0; rr < RT; ++rr)
+          acc[rr] += w[h] / vmin(vfma(vbroadcast(q0[rr * H + h]), k0, one), big);
       }
       for (int rr = 0; rr < RT; ++rr) acc[rr] = sh.w_sum - acc[rr];
     } else {
       for (int64_t h = 0; h < H; ++h) {
         const V kv = vload(panel + h * L);
-        for (int rr = 0; rr < RT; ++rr) acc[rr] += w[h] * tanh_fast_vec<T>(q0[rr * H + h] + kv);
+        for (int rr = 0; rr < RT; ++rr)
+          acc[rr] = vfma(vbroadcast(w[h]), tanh_fast_vec<T>(q0[rr * H + h] + kv), acc[rr]);
       }
     }
   }
@@ -129,7 +132,8 @@ bool additive_run(const FamilyParams& p, const typename AdditiveScores<T, kExp>:
 
 template <typename T>
 inline T* alloc_values(int64_t n) {
-  return static_cast<T*>(std::aligned_alloc(64, size_t(round_up(imax(n, 1) * int64_t(sizeof(T)), 64))));
+  return static_cast<T*>(
+      std::aligned_alloc(64, size_t(round_up(imax(n, 1) * int64_t(sizeof(T)), 64))));
 }
 
 // e^(2 x) in place, x[0:n).
@@ -185,10 +189,10 @@ bool additive_attention(const FamilyParams& p) {
         }
         const int64_t* vl = static_cast<const int64_t*>(p.valid_lens.data) +
                             batch_offset(p.valid_lens.batch_stride, coord, p.batch_ndim);
-        for (int64_t h = (bh % p.num_heads_kv) * group; h < (bh % p.num_heads_kv + 1) * group;
-             ++h)
+        for (int64_t h = (bh % p.num_heads_kv) * group; h < (bh % p.num_heads_kv + 1) * group; ++h)
           for (int64_t i = 0; i < Lq && len < Lk; ++i)
-            len = imax(len, imin(Lk, vl[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride]));
+            len =
+                imax(len, imin(Lk, vl[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride]));
       }
       kv_len[bh] = len;
     }

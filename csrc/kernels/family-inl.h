@@ -1,19 +1,16 @@
-// The blocked attention driver shared by the attention-family kernels (additive attention,
-// hardmax/top-k attention, Nadaraya-Watson kernel regression), written once and compiled
-// once per ISA (<op>_<isa>.cpp defines FASTATTN_ISA_NS and FASTATTN_VEC_BYTES, then
-// includes its <op>-inl.h, which includes this). Everything lives in that ISA's namespace
+// The attention family's score sources and normalisers (additive attention, hardmax/top-k
+// attention, Nadaraya-Watson kernel regression; composed as docs/semantics.md#composition
+// describes), plugged into the one blocked driver (driver-inl.h) by FamilyEngine. Per ISA,
+// included by the kernel sources that use it; everything lives in that ISA's namespace
 // (nested in `family`, so nothing collides with the SDPA kernel's helpers); no std
 // containers or std templates that could be emitted out of line.
 //
-// A kernel is a score source and a normaliser plugged into one driver:
-//   Scores: layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
-//           writes s[r * ld + j], r < nrows, j < ncols (ncols: n rounded up to whole
-//           column tiles; the padding is masked here afterwards);
-//   Norm:   layout(Arena&, block_q, ld); begin(task); block(task, kb, n, ncols, s, ld)
-//           consumes the masked scores; finish(task) writes out (and weights).
-// Work unit ("task"): one (batch, query head, block of query rows), done by one thread
-// start to finish, so results are bit-identical for any thread count. Keys are visited in
-// blocks; no Lq x Lk buffer exists unless the caller asked for the weights.
+// A kernel is a score source and a normaliser:
+//   Scores: Shared; Scores(params, shared); layout(Arena&, rows, ld); begin(task);
+//           block(task, kb, n, ncols, s, ld) writes s[r * ld + j], r < nrows, j < ncols
+//           (ncols: n rounded up to whole column tiles; the padding is masked afterwards);
+//   Norm:   Norm(params); layout(Arena&, rows, ld); begin(task); block(task, kb, n, ncols,
+//           s, ld) consumes the masked scores; finish(task) writes out (and weights).
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -22,41 +19,18 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/family_params.h"
-#include "kernels/math-inl.h"
+#include "api/params.h"
+#include "kernels/attention-inl.h"
+#include "kernels/driver-inl.h"
+#include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace family {
 
-// GCC/Clang vector extensions: one register of this ISA; FASTATTN_VEC_BYTES == 0 is the
-// scalar reference path (one-lane "vectors").
-template <typename T>
-constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
-template <typename T>
-struct VecOf {
-  typedef T type __attribute__((vector_size(kVecBytes<T>)));
-};
-template <typename T>
-constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
 template <typename T>
 constexpr int kColTile = 2 * kLanes<T>;  // keys are scored in whole tiles of this many
 constexpr int kRowTile = 4;              // query rows per register tile
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
-
-template <typename T>
-inline typename VecOf<T>::type vload(const T* p) {
-  typename VecOf<T>::type v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-inline void vstore(T* p, typename VecOf<T>::type v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
 
 template <typename T>
 inline T neg_inf() {
@@ -65,43 +39,6 @@ inline T neg_inf() {
 template <typename T>
 inline T quiet_nan() {
   return T(__builtin_nan(""));
-}
-
-// Sum of the lanes, lane 0 first.
-template <typename T, typename V>
-inline T lane_sum(V v) {
-  T s = 0;
-  for (int i = 0; i < kLanes<T>; ++i) s += v[i];
-  return s;
-}
-// Max of the lanes; a NaN lane wins (NaN propagates to the output).
-template <typename T, typename V>
-inline T lane_max(V v) {
-  T m = neg_inf<T>();
-  for (int i = 0; i < kLanes<T>; ++i) {
-    const T x = v[i];
-    m = (x > m || x != x) ? x : m;
-  }
-  return m;
-}
-
-// A bump allocator over one aligned block: run the layout once with base == nullptr to
-// learn the size, allocate, run it again to hand out the pieces (64-byte aligned each).
-struct Arena {
-  char* base = nullptr;
-  int64_t used = 0;
-  template <typename U>
-  U* take(int64_t n) {
-    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
-    used += round_up(imax(n, 1) * int64_t(sizeof(U)), 64);
-    return p;
-  }
-};
-
-inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
-  int64_t off = 0;
-  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
-  return off;
 }
 
 // out[0:dout) = x[0:din) @ w, w C-contiguous (din, dout); the sum runs over d in order.
@@ -115,10 +52,11 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
     for (int64_t d = 0; d < din; ++d) {
       const T xd = x[d];
       const T* wr = w + d * dout + c;
-      a0 += xd * vload(wr);
-      a1 += xd * vload(wr + L);
-      a2 += xd * vload(wr + 2 * L);
-      a3 += xd * vload(wr + 3 * L);
+      const V xv = vbroadcast(xd);
+      a0 = vfma(xv, vload(wr), a0);
+      a1 = vfma(xv, vload(wr + L), a1);
+      a2 = vfma(xv, vload(wr + 2 * L), a2);
+      a3 = vfma(xv, vload(wr + 3 * L), a3);
     }
     vstore(out + c, a0);
     vstore(out + c + L, a1);
@@ -127,205 +65,97 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
   }
   for (; c + L <= dout; c += L) {
     V a = {};
-    for (int64_t d = 0; d < din; ++d) a += x[d] * vload(w + d * dout + c);
+    for (int64_t d = 0; d < din; ++d) a = vfma(vbroadcast(x[d]), vload(w + d * dout + c), a);
     vstore(out + c, a);
   }
   for (; c < dout; ++c) {
     T a = 0;
-    for (int64_t d = 0; d < din; ++d) a += x[d] * w[d * dout + c];
+    for (int64_t d = 0; d < din; ++d) a = vfma(x[d], w[d * dout + c], a);
     out[c] = a;
   }
 }
 
-// One task's view of the call: pointers resolved for (batch entry, head), the visible key
-// range of each row, and which rows see a key in the current block.
+// A task as the driver sets it up (one query head per task here), with per row the
+// visible columns of the current key block.
 template <typename T>
-struct Task {
-  int64_t b = 0, h = 0, hk = 0, i0 = 0, nrows = 0;
-  int64_t coord[kMaxBatchDims];
-  const T* q = nullptr;  // row 0 of this (batch, head); rows at q.row_stride
-  const T* k = nullptr;
-  const T* v = nullptr;
-  T* out = nullptr;
-  const uint8_t* bmask = nullptr;
-  const T* fmask = nullptr;
-  T* weights = nullptr;  // row 0 of this (batch, head): row i at weights + i * len_k
-  int64_t klo = 0, khi = 0;  // union of the rows' ranges; klo aligned down to a tile
-  int64_t* lo = nullptr;     // per row: visible keys [lo, hi)
-  int64_t* hi = nullptr;
-  int64_t* jlo = nullptr;    // per row, current block: visible columns [jlo, jhi)
+struct Task : TaskView<T> {
+  int64_t* jlo = nullptr;  // per row, current block: visible columns [jlo, jhi)
   int64_t* jhi = nullptr;
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
-// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together
-// (the rule of DESIGN.md §2, as the SDPA kernel applies it).
-inline void row_key_range(const FamilyParams& p, int64_t row, int64_t valid_len, int64_t* lo,
-                          int64_t* hi) {
-  int64_t l = 0, h = imin(p.len_k, valid_len);
-  const int64_t d = row + p.diag_offset;
-  if (p.causal) h = imin(h, d + 1);
-  if (p.window_left >= 0) l = imax(l, d - p.window_left);
-  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
-  *lo = l;
-  *hi = imax(h, l);
-}
-
-template <typename T>
-void setup_task(const FamilyParams& p, Task<T>& t, int64_t b, int64_t h, int64_t i0,
-                int64_t nrows) {
-  const int64_t bn = p.batch_ndim;
-  for (int64_t d = bn - 1, rest = b; d >= 0; --d) {
-    t.coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  t.b = b;
-  t.h = h;
-  t.hk = h / (p.num_heads_q / p.num_heads_kv);
-  t.i0 = i0;
-  t.nrows = nrows;
-  auto at = [&](const StridedView& view, int64_t head) {
-    return batch_offset(view.batch_stride, t.coord, bn) + head * view.head_stride;
-  };
-  t.q = static_cast<const T*>(p.q.data) + at(p.q, h);
-  t.k = static_cast<const T*>(p.k.data) + at(p.k, t.hk);
-  t.v = static_cast<const T*>(p.v.data) + at(p.v, t.hk);
-  t.out = static_cast<T*>(const_cast<void*>(p.out.data)) + at(p.out, h);
-  t.bmask = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) + at(p.bool_mask, h)
-                             : nullptr;
-  t.fmask = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) + at(p.float_mask, h)
-                              : nullptr;
-  const int64_t* vlens = p.valid_lens.data
-                             ? static_cast<const int64_t*>(p.valid_lens.data) + at(p.valid_lens, h)
-                             : nullptr;
-  t.weights = p.weights ? static_cast<T*>(p.weights) + (b * p.num_heads_q + h) * p.len_q * p.len_k
-                        : nullptr;
-  int64_t klo = p.len_k, khi = 0;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = i0 + r;
-    const int64_t vl = vlens ? vlens[i * p.valid_lens.row_stride] : p.len_k;
-    row_key_range(p, i, vl, &t.lo[r], &t.hi[r]);
-    if (t.lo[r] < t.hi[r]) {
-      klo = imin(klo, t.lo[r]);
-      khi = imax(khi, t.hi[r]);
-    }
-  }
-  t.klo = klo < khi ? klo - klo % kColTile<T> : 0;
-  t.khi = klo < khi ? khi : 0;
-}
-
-// One task: score each key block, apply the masks, hand the block to the normaliser.
+// The driver's engine for a score source and a normaliser: score each key block, apply
+// the masks, hand the block to the normaliser. Not splittable over keys: the normalisers
+// (heaps, kernel sums) keep no state that merges.
 template <typename T, typename Scores, typename Norm>
-void run_task(const FamilyParams& p, Scores& sc, Norm& nm, Task<T>& t, T* s, int64_t ld,
-              int64_t block_k) {
-  const int64_t Lk = p.len_k;
-  if (t.weights) std::memset(t.weights + t.i0 * Lk, 0, size_t(t.nrows * Lk) * sizeof(T));
-  sc.begin(t);
-  nm.begin(t);
-  const T ninf = neg_inf<T>();
-  for (int64_t kb = t.klo; kb < t.khi; kb += block_k) {
-    const int64_t n = imin(block_k, t.khi - kb);
-    const int64_t ncols = round_up(n, kColTile<T>);
+struct FamilyEngine {
+  using Params = FamilyParams;
+  using Shared = typename Scores::Shared;
+  static constexpr bool kSplitKeys = false;
+  const FamilyParams& p;
+  const Plan& plan;
+  Scores sc;
+  Norm nm;
+  Task<T> t;
+  T* s = nullptr;  // max_rows x block_k scores
+
+  FamilyEngine(const FamilyParams& params, const Plan& pl, const Shared& shared)
+      : p(params), plan(pl), sc(params, shared), nm(params) {}
+
+  void layout(Arena& a) {
+    const int64_t rows = plan.max_rows, ld = plan.block_k;
+    s = a.take<T>(rows * ld);
+    t.jlo = a.take<int64_t>(rows);
+    t.jhi = a.take<int64_t>(rows);
+    t.active = a.take<uint8_t>(rows);
+    sc.layout(a, rows, ld);
+    nm.layout(a, rows, ld);
+  }
+
+  void begin(const TaskView<T>& tv) {
+    static_cast<TaskView<T>&>(t) = tv;
+    for (int64_t r = 0; r < t.nrows; ++r)
+      if (t.rows[r].weights) std::memset(t.rows[r].weights, 0, size_t(p.len_k) * sizeof(T));
+    sc.begin(t);
+    nm.begin(t);
+  }
+
+  void block(const TaskView<T>&, int64_t kb, int64_t n) {
+    const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
-      const int64_t i = t.i0 + r;
-      const int64_t jlo = imax(t.lo[r] - kb, 0), jhi = imin(t.hi[r] - kb, n);
+      const RowRef<T>& row = t.rows[r];
+      const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
       t.jlo[r] = jlo;
       t.jhi[r] = jhi;
       t.active[r] = jlo < jhi;
       if (jlo >= jhi) continue;
-      if (t.fmask) {
-        const int64_t cs = p.float_mask.col_stride;
-        const T* fm = t.fmask + i * p.float_mask.row_stride + kb * cs;
-        for (int64_t j = jlo; j < jhi; ++j) sr[j] += fm[j * cs];
-      }
-      if (t.bmask) {
-        const int64_t cs = p.bool_mask.col_stride;
-        const uint8_t* bm = t.bmask + i * p.bool_mask.row_stride + kb * cs;
-        for (int64_t j = jlo; j < jhi; ++j) sr[j] = bm[j * cs] ? sr[j] : ninf;
-      }
-      for (int64_t j = 0; j < jlo; ++j) sr[j] = ninf;
-      for (int64_t j = jhi; j < ncols; ++j) sr[j] = ninf;
+      mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
-  nm.finish(t);
-}
 
-// Runs every task of the call; false if a thread's scratch could not be allocated.
+  void finish(const TaskView<T>&) { nm.finish(t); }
+};
+
+// Runs a family kernel: tasks of one query head x block_q rows, keys in blocks of block_k
+// (rounded to whole column tiles). False if a thread's scratch could not be allocated.
 template <typename T, typename Scores, typename Norm>
 bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, int64_t block_q,
                 int64_t block_k) {
-  int64_t batch = 1;
-  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
-  block_q = imax(1, imin(block_q, p.len_q));
-  block_k = round_up(imax(block_k, 1), kColTile<T>);
-  const int64_t ld = block_k;
-  const int64_t q_blocks = (p.len_q + block_q - 1) / block_q;
-  const int64_t tasks = batch * p.num_heads_q * q_blocks;
-  bool failed = false;
-  const int threads = int(imax(1, imin(p.num_threads, tasks)));
-#pragma omp parallel num_threads(threads)
-  {
-    Scores sc(p, shared);
-    Norm nm(p);
-    Task<T> t;
-    T* s = nullptr;
-    void* raw = nullptr;
-    for (int pass = 0; pass < 2; ++pass) {
-      Arena a;
-      a.base = static_cast<char*>(raw);
-      s = a.take<T>(block_q * ld);
-      t.lo = a.take<int64_t>(block_q);
-      t.hi = a.take<int64_t>(block_q);
-      t.jlo = a.take<int64_t>(block_q);
-      t.jhi = a.take<int64_t>(block_q);
-      t.active = a.take<uint8_t>(block_q);
-      sc.layout(a, block_q, ld);
-      nm.layout(a, block_q, ld);
-      if (pass == 0) raw = std::aligned_alloc(64, size_t(a.used));
-      if (!raw) break;
-    }
-    if (!raw) {
-#pragma omp atomic write
-      failed = true;
-    }
-    // Hand out later query blocks first (a causal mask gives them more keys).
-#pragma omp for schedule(dynamic, 1) nowait  // (each thread frees only its own scratch)
-    for (int64_t task = 0; task < tasks; ++task) {
-      if (!raw) continue;
-      const int64_t qb = q_blocks - 1 - task % q_blocks;
-      const int64_t bh = task / q_blocks;
-      const int64_t i0 = qb * block_q;
-      setup_task<T>(p, t, bh / p.num_heads_q, bh % p.num_heads_q, i0,
-                    imin(block_q, p.len_q - i0));
-      run_task<T>(p, sc, nm, t, s, ld, block_k);
-    }
-    std::free(raw);
-  }
-  return !failed;
+  Plan plan;
+  plan.heads = 1;
+  plan.block_q = imax(1, imin(block_q, p.len_q));
+  plan.block_k = round_up(imax(block_k, 1), kColTile<T>);
+  plan_tasks(p, batch, &plan);
+  return run_blocked<T, FamilyEngine<T, Scores, Norm>, false>(p, plan, shared);
 }
 
 // ---------------------------------------------------------------------------------------
 // acc += P V
-
-// acc[0:dv) += sum_j p[j] * v[j, :] over j < n, skipping p == 0 so that values of keys a
-// row does not attend (padding, NaN) never reach it.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
-  constexpr int L = kLanes<T>;
-  for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride;
-    int64_t c = 0;
-    for (; c + L <= dv; c += L) vstore(acc + c, vload(acc + c) + pj * vload(vr + c));
-    for (; c < dv; ++c) acc[c] += pj * vr[c];
-  }
-}
 
 // The same for kRowTile rows at once, all of whose p in [0, n) are nonzero.
 template <typename T>
@@ -344,8 +174,8 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
       const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
       for (int rr = 0; rr < RT; ++rr) {
         const T pj = p[rr * p_ld + j];
-        a[rr][0] += pj * v0;
-        a[rr][1] += pj * v1;
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
       }
     }
     for (int rr = 0; rr < RT; ++rr) {
@@ -356,7 +186,7 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_r
   for (; c < dv; ++c) {
     for (int rr = 0; rr < RT; ++rr) {
       T a = acc[rr * acc_ld + c];
-      for (int64_t j = 0; j < n; ++j) a += p[rr * p_ld + j] * v[j * v_row_stride + c];
+      for (int64_t j = 0; j < n; ++j) a = vfma(p[rr * p_ld + j], v[j * v_row_stride + c], a);
       acc[rr * acc_ld + c] = a;
     }
   }
@@ -408,10 +238,10 @@ inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, int6
         V a0 = {}, a1 = {};
         const T* col = vt + c * ld;
         for (int64_t j = 0; j < ncols; j += 2 * L) {
-          a0 += vload(p + j) * vload(col + j);
-          a1 += vload(p + j + L) * vload(col + j + L);
+          a0 = vfma(vload(p + j), vload(col + j), a0);
+          a1 = vfma(vload(p + j + L), vload(col + j + L), a1);
         }
-        acc[r * dv + c] += lane_sum<T>(a0 + a1);
+        acc[r * dv + c] += reduce_add<T>(a0 + a1);
       }
     }
     return;
@@ -475,16 +305,15 @@ struct OnlineSoftmax {
         zeros[r] = n;
         continue;
       }
-      const int64_t i = t.i0 + r;
-      if (t.weights)
-        std::memcpy(t.weights + i * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
+      if (t.rows[r].weights)
+        std::memcpy(t.rows[r].weights + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
       V vmax = V{} + ninf;
       for (int64_t j = 0; j < ncols; j += L) {
         const V x = vload(sr + j);
         vmax = (x > vmax) | (x != x) ? x : vmax;
       }
-      const T mx = lane_max<T>(vmax);
+      const T mx = reduce_max_nan<T>(vmax);
       const T m_old = m[r];
       const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
       if (m_new == ninf) {  // everything so far masked
@@ -499,24 +328,24 @@ struct OnlineSoftmax {
         vsum += e;
         vzeros += e == T(0) ? V{} + T(1) : V{};
       }
-      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);  // padding is always 0
-      if (m_new != m_old) {  // e^-inf = 0 on first use
+      zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);  // padding is always 0
+      if (m_new != m_old) {                                     // e^-inf = 0 on first use
         const T alpha = exp_approx(m_old - m_new);
         T* a = acc + r * p.dim_v;
         for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
         l[r] *= alpha;
       }
-      l[r] += lane_sum<T>(vsum);
+      l[r] += reduce_add<T>(vsum);
       m[r] = m_new;
     }
-    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
                   p.dim_v, acc, vt);
   }
 
   void finish(const Task<T>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const int64_t i = t.i0 + r;
-      T* o = t.out + i * p.out.row_stride;
+      const RowRef<T>& row = t.rows[r];
+      T* o = row.out;
       const bool is_empty = m[r] == neg_inf<T>();
       const T inv = is_empty ? T(0) : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
@@ -524,18 +353,18 @@ struct OnlineSoftmax {
       // A NaN row (a NaN or +inf score, or a NaN `empty`) has NaN weights throughout, as
       // the other kernels and the reference give them.
       const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);
-      if (t.weights && nan_row) {
-        T* w = t.weights + i * p.len_k;
+      if (row.weights && nan_row) {
+        T* w = row.weights;
         for (int64_t j = 0; j < p.len_k; ++j) w[j] = quiet_nan<T>();
-      } else if (t.weights && t.lo[r] < t.hi[r]) {
-        T* w = t.weights + i * p.len_k;
+      } else if (row.weights && row.lo < row.hi) {
+        T* w = row.weights;
         if (is_empty) {
-          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = T(0);
+          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = T(0);
         } else {
           // e^(s - m) / l, not e^(s - lse): m + log(l) drops log(l) once |m| is large
           // (float32 scores of 1e8), and the weights would no longer sum to 1.
           const T inv_l = T(1) / l[r];
-          for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
+          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
         }
       }
     }
@@ -556,7 +385,7 @@ struct SelectTopK {
   int64_t* hj = nullptr;  // block_q x k keys
   int64_t* hn = nullptr;  // heap sizes
   uint8_t* nan = nullptr;
-  T* w = nullptr;         // k weights (finish)
+  T* w = nullptr;  // k weights (finish)
 
   explicit SelectTopK(const FamilyParams& params)
       : p(params), k(imax(1, params.hardmax ? 1 : params.top_k)) {}
@@ -577,9 +406,7 @@ struct SelectTopK {
   }
 
   // (sa, ja) is worse than (sb, jb)
-  static bool worse(T sa, int64_t ja, T sb, int64_t jb) {
-    return sa < sb || (sa == sb && ja > jb);
-  }
+  static bool worse(T sa, int64_t ja, T sb, int64_t jb) { return sa < sb || (sa == sb && ja > jb); }
 
   void offer(T* s, int64_t* j, int64_t& size, T x, int64_t key) const {
     if (size < k) {  // push and sift up
@@ -596,7 +423,7 @@ struct SelectTopK {
       return;
     }
     if (!(x > s[0])) return;  // the later key loses ties
-    int64_t c = 0;  // replace the root and sift down
+    int64_t c = 0;            // replace the root and sift down
     for (;;) {
       const int64_t a = 2 * c + 1, b = a + 1;
       if (a >= size) break;
@@ -652,9 +479,8 @@ struct SelectTopK {
   void finish(const Task<T>& t) {
     const int64_t dv = p.dim_v, Lk = p.len_k;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const int64_t i = t.i0 + r;
-      T* o = t.out + i * p.out.row_stride;
-      T* wrow = t.weights ? t.weights + i * Lk : nullptr;
+      T* o = t.rows[r].out;
+      T* wrow = t.rows[r].weights;
       const T* rs = hs + r * k;
       const int64_t* rj = hj + r * k;
       const int64_t size = hn[r];
@@ -678,7 +504,7 @@ struct SelectTopK {
       for (int64_t c = 0; c < dv; ++c) o[c] = T(0);
       if (size == 0) continue;  // nothing visible: output 0, weights 0
       if (p.hardmax) {
-        const T* vr = t.v + rj[0] * p.v.row_stride;
+        const T* vr = t.refs.v + rj[0] * p.v.row_stride;
         for (int64_t c = 0; c < dv; ++c) o[c] = vr[c];
         if (wrow) wrow[rj[0]] = T(1);
         continue;
@@ -688,8 +514,8 @@ struct SelectTopK {
         const T we = w[e] * inv;
         if (wrow) wrow[rj[e]] = we;
         if (we == T(0)) continue;
-        const T* vr = t.v + rj[e] * p.v.row_stride;
-        for (int64_t c = 0; c < dv; ++c) o[c] += we * vr[c];
+        const T* vr = t.refs.v + rj[e] * p.v.row_stride;
+        for (int64_t c = 0; c < dv; ++c) o[c] = vfma(we, vr[c], o[c]);
       }
     }
   }
@@ -718,7 +544,7 @@ struct DotScores {
     const T scale = T(p.scale);
     const int64_t E = p.dim_q;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const T* qr = t.q + (t.i0 + r) * p.q.row_stride;
+      const T* qr = t.rows[r].q;
       for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * qr[e];
     }
   }
@@ -728,7 +554,7 @@ struct DotScores {
     constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
     const int64_t E = p.dim_q;
     for (int64_t j = 0; j < n; ++j) {
-      const T* kr = t.k + (kb + j) * p.k.row_stride;
+      const T* kr = t.refs.k + (kb + j) * p.k.row_stride;
       for (int64_t e = 0; e < E; ++e) kt[e * ld + j] = kr[e];
     }
     for (int64_t e = 0; e < E; ++e)
@@ -741,8 +567,8 @@ struct DotScores {
           const V k0 = vload(kt + e * ld + c), k1 = vload(kt + e * ld + c + L);
           for (int rr = 0; rr < RT; ++rr) {
             const T qv = q[(r + rr) * E + e];
-            acc[rr][0] += qv * k0;
-            acc[rr][1] += qv * k1;
+            acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+            acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
           }
         }
         for (int rr = 0; rr < RT; ++rr) {
@@ -756,8 +582,8 @@ struct DotScores {
         V a0 = {}, a1 = {};
         for (int64_t e = 0; e < E; ++e) {
           const T qv = q[r * E + e];
-          a0 += qv * vload(kt + e * ld + c);
-          a1 += qv * vload(kt + e * ld + c + L);
+          a0 = vfma(vbroadcast(qv), vload(kt + e * ld + c), a0);
+          a1 = vfma(vbroadcast(qv), vload(kt + e * ld + c + L), a1);
         }
         vstore(s + r * ld + c, a0);
         vstore(s + r * ld + c + L, a1);

@@ -1,6 +1,6 @@
 // Masked softmax over one axis (d2l's masked_softmax, generalised), compiled once per ISA
-// (masked_softmax_<isa>.cpp). Memory-bound, so one read of x from memory per row: pass 1
-// takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
+// (in a TU CMake generates from kernels/ops.h). Memory-bound, so one read of x from memory per row:
+// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
 // it while the row is in L1, pass 3 scales the row by 1/sum in place. A row whose kept
 // entries are all -inf (or that keeps nothing) is all zeros; a NaN or +inf among the kept
 // entries makes the whole row NaN. Entries past the row's valid length are never read.
@@ -12,52 +12,18 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "api/family_params.h"
-#include "kernels/math-inl.h"
+#include "api/params.h"
+#include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace softmax {
 
-template <typename T>
-constexpr int kVecBytes = FASTATTN_VEC_BYTES > 0 ? FASTATTN_VEC_BYTES : int(sizeof(T));
-template <typename T>
-constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
-
-template <typename T>
-struct Vec {
-  typedef T type __attribute__((vector_size(kVecBytes<T>)));
-  typedef typename ExpTraits<T>::Bits Bits;
-  typedef Bits mask __attribute__((vector_size(kVecBytes<T>)));  // lane masks
-  typedef uint8_t bytes __attribute__((vector_size(kLanes<T>)));  // one bool per lane
-};
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-
-template <typename T>
-inline typename Vec<T>::type vload(const T* p) {
-  typename Vec<T>::type v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-template <typename T>
-inline void vstore(T* p, typename Vec<T>::type v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
-// Lanes whose mask byte is nonzero.
-template <typename T>
-inline typename Vec<T>::mask vkeep(const uint8_t* m) {
-  typename Vec<T>::bytes b;
-  __builtin_memcpy(&b, m, sizeof b);
-  return __builtin_convertvector(b, typename Vec<T>::mask) != 0;
-}
-
 // One row: x[0:n) (x already gathered to unit stride), keep mask m (null = keep all),
 // entries [0, ne) may be kept (ne = the valid length), o[0:n) written.
 template <typename T>
 void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
-  using V = typename Vec<T>::type;
+  using V = Vec<T>;
   constexpr int L = kLanes<T>;
   constexpr T kNegInf = -T(__builtin_inf());
   const V ninf = V{} + kNegInf;
@@ -75,11 +41,7 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
       vmax = (xv > vmax) | (xv != xv) ? xv : vmax;
     }
   }
-  T mx = kNegInf;
-  for (int lane = 0; lane < L; ++lane) {
-    const T v = vmax[lane];
-    mx = (v > mx || v != v) ? v : mx;
-  }
+  T mx = reduce_max_nan<T>(vmax);
   for (int64_t j = nv; j < ne; ++j) {
     const T v = (!m || m[j]) ? x[j] : kNegInf;
     mx = (v > mx || v != v) ? v : mx;
@@ -105,8 +67,7 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
       vsum += e;
     }
   }
-  T sum = 0;
-  for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
+  T sum = reduce_add<T>(vsum);
   for (int64_t j = nv; j < ne; ++j) {
     const T e = (!m || m[j]) ? exp_approx(x[j] - mx) : T(0);
     o[j] = e;
@@ -142,7 +103,8 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
     bool ok = true;
     if (!x_unit) ok = ok && (xbuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!o_unit) ok = ok && (obuf = static_cast<T*>(std::aligned_alloc(64, bytes)));
-    if (!m_unit) ok = ok && (mbuf = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((n + 63) / 64 * 64))));
+    if (!m_unit)
+      ok = ok && (mbuf = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((n + 63) / 64 * 64))));
     if (!ok) {
 #pragma omp atomic write
       failed = true;
@@ -163,7 +125,8 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
       }
       for (int64_t r = r0; r < r1; ++r) {
         int64_t ne = n;
-        if (p.valid_lens.data) ne = imax(0, imin(n, static_cast<const int64_t*>(p.valid_lens.data)[vo]));
+        if (p.valid_lens.data)
+          ne = imax(0, imin(n, static_cast<const int64_t*>(p.valid_lens.data)[vo]));
         const uint8_t* m = nullptr;
         if (p.mask.data) {
           const uint8_t* mr = static_cast<const uint8_t*>(p.mask.data) + mo;

@@ -1,6 +1,6 @@
 // Nadaraya-Watson kernel regression as attention pooling, compiled once per ISA
-// (nadaraya_watson_<isa>.cpp). Scores are squared distances d2 = ||x_q - x_k||^2 between
-// the query and key features (computed as differences, never through the dot-product
+// (in a TU CMake generates from kernels/ops.h). Scores are squared distances d2 = ||x_q - x_k||^2
+// between the query and key features (computed as differences, never through the dot-product
 // expansion, so nearby points keep their precision):
 //   gaussian: s = -d2 / (2 h^2), online softmax (family-inl.h) -- never 0/0 while keys exist;
 //   boxcar / triangular / epanechnikov: weights K(u), u = sqrt(d2) / h, summed directly;
@@ -15,8 +15,8 @@ namespace FASTATTN_ISA_NS {
 namespace family {
 
 inline double task_bandwidth(const FamilyParams& p, const int64_t* coord) {
-  return static_cast<const double*>(p.bandwidth.data)[batch_offset(p.bandwidth.batch_stride,
-                                                                  coord, p.batch_ndim)];
+  return static_cast<const double*>(
+      p.bandwidth.data)[batch_offset(p.bandwidth.batch_stride, coord, p.batch_ndim)];
 }
 
 // Lane-wise square root of d2 >= 0 (one sqrt instruction per lane; libm is reached only
@@ -52,11 +52,11 @@ struct DistanceScores {
   }
 
   void begin(const Task<T>& t) {
-    const double h = task_bandwidth(p, t.coord);
+    const double h = task_bandwidth(p, t.refs.coord);
     c = p.kernel == RegressionKernel::kGaussian ? T(-0.5 / (h * h)) : T(-1);
     const int64_t D = p.dim_q;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const T* qr = t.q + (t.i0 + r) * p.q.row_stride;
+      const T* qr = t.rows[r].q;
       for (int64_t e = 0; e < D; ++e) q[r * D + e] = qr[e];
     }
   }
@@ -66,7 +66,7 @@ struct DistanceScores {
     constexpr int L = kLanes<T>;
     const int64_t D = p.dim_q;
     for (int64_t j = 0; j < n; ++j) {
-      const T* kr = t.k + (kb + j) * p.k.row_stride;
+      const T* kr = t.refs.k + (kb + j) * p.k.row_stride;
       for (int64_t e = 0; e < D; ++e) kt[e * ld + j] = kr[e];
     }
     for (int64_t e = 0; e < D; ++e)
@@ -77,7 +77,7 @@ struct DistanceScores {
         V acc = {};
         for (int64_t e = 0; e < D; ++e) {
           const V d = qr[e] - vload(kt + e * ld + col);
-          acc += d * d;
+          acc = vfma(d, d, acc);
         }
         vstore(s + r * ld + col, c * acc);
       }
@@ -112,7 +112,7 @@ struct KernelSum {
   }
 
   void begin(const Task<T>& t) {
-    const double bw = task_bandwidth(p, t.coord);
+    const double bw = task_bandwidth(p, t.refs.coord);
     h = T(bw);
     h2 = T(bw * bw);
     for (int64_t r = 0; r < t.nrows; ++r) l[r] = T(0);
@@ -160,27 +160,27 @@ struct KernelSum {
         vsum += w;
         vzeros += w == T(0) ? V{} + T(1) : V{};
       }
-      zeros[r] = int64_t(lane_sum<T>(vzeros)) - (ncols - n);
-      l[r] += lane_sum<T>(vsum);
-      if (t.weights)
-        std::memcpy(t.weights + (t.i0 + r) * p.len_k + kb + t.jlo[r], sr + t.jlo[r],
+      zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);
+      l[r] += reduce_add<T>(vsum);
+      if (t.rows[r].weights)
+        std::memcpy(t.rows[r].weights + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
     }
-    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.v + kb * p.v.row_stride, p.v.row_stride,
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
                   p.dim_v, acc, vt);
   }
 
   void finish(const Task<T>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const int64_t i = t.i0 + r;
-      T* o = t.out + i * p.out.row_stride;
+      const RowRef<T>& row = t.rows[r];
+      T* o = row.out;
       const bool undefined = !(l[r] > T(0));
       const T inv = undefined ? quiet_nan<T>() : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
       for (int64_t c = 0; c < p.dim_v; ++c) o[c] = undefined ? quiet_nan<T>() : a[c] * inv;
-      if (t.weights) {
-        T* w = t.weights + i * p.len_k;
-        for (int64_t j = t.lo[r]; j < t.hi[r]; ++j) w[j] = undefined ? quiet_nan<T>() : w[j] * inv;
+      if (row.weights) {
+        T* w = row.weights;
+        for (int64_t j = row.lo; j < row.hi; ++j) w[j] = undefined ? quiet_nan<T>() : w[j] * inv;
       }
     }
   }

@@ -1,13 +1,15 @@
-// Blocked ("flash") scaled dot-product attention, written once and compiled once per ISA
-// (sdpa_<isa>.cpp defines FASTATTN_ISA_NS and FASTATTN_VEC_BYTES, then includes this).
-// Everything here lives in that ISA's namespace so no inline code leaks across ISAs;
-// it uses no std containers or std templates that could be emitted out of line.
+// Blocked ("flash") scaled dot-product attention: the (dot scores, online softmax) engine of
+// the blocked driver (driver-inl.h), compiled once per ISA in the TU CMake generates for it.
+// Everything here lives in that ISA's namespace so no inline code leaks across ISAs; it uses
+// no std containers or std templates that could be emitted out of line.
 //
-// Work unit ("task"): one (batch, query head, block of query rows). A task walks the
-// keys its rows may see in blocks, keeping a running row max m, row sum l and an
-// unnormalised output accumulator (online softmax), and normalises once at the end.
-// No Lq x Lk buffer exists unless the caller asked for the weights. Each task is done
-// by one thread start to finish, so results are bit-identical for any thread count.
+// A task (batch entry, kv head with its GQA group of query heads, block of query rows) walks
+// the keys its rows may see in blocks, keeping a running row max m, row sum l and an
+// unnormalised output accumulator, and normalises once at the end. No Lq x Lk buffer exists
+// unless the caller asked for the weights. Two specialisations: tiled (K^T and V packed into
+// panels per key block, register-tiled products) and thin (decoding: a few rows, dot
+// products straight from the key rows); decode-like calls also split the keys (driver Plan)
+// and merge the splits by log-sum-exp.
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -17,8 +19,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "api/sdpa_params.h"
-#include "kernels/math-inl.h"
+#include "api/params.h"
+#include "kernels/attention-inl.h"
+#include "kernels/driver-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -27,15 +30,11 @@ namespace FASTATTN_ISA_NS {
 template <typename T>
 struct SdpaTraits {
   static constexpr int kLanes = fastattn::FASTATTN_ISA_NS::kLanes<T>;
-  static constexpr int kRowTile = 4;            // query rows per register tile
-  static constexpr int kColTile = 2 * kLanes;   // columns per register tile (2 vectors)
+  static constexpr int kRowTile = 4;           // query rows per register tile
+  static constexpr int kColTile = 2 * kLanes;  // columns per register tile (2 vectors)
 };
 
 constexpr double kLog2e = 1.4426950408889634074;
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
 
 // Keys per block: the packed K^T block (head_dim x keys) takes about twice the L1 data
 // cache (its panels stream through L1 one column tile at a time; measured best here).
@@ -51,78 +50,6 @@ template <typename T>
 inline int64_t padded_dv(int64_t head_dim_v) {
   return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
 }
-
-// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together.
-inline void row_key_range(const SdpaParams& p, int64_t row, int64_t valid_len, int64_t* lo,
-                          int64_t* hi) {
-  int64_t l = 0, h = imin(p.len_k, valid_len);
-  const int64_t d = row + p.diag_offset;
-  if (p.causal) h = imin(h, d + 1);
-  if (p.window_left >= 0) l = imax(l, d - p.window_left);
-  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
-  *lo = l;
-  *hi = imax(h, l);
-}
-
-inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
-  int64_t off = 0;
-  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
-  return off;
-}
-
-// One row of a task: a (query head, query position) pair and where its data lives.
-template <typename T>
-struct RowRef {
-  const T* q;              // query row
-  T* out;                  // output row
-  const uint8_t* bmask;    // bool-mask row (strided by bool_mask.col_stride) or null
-  const T* fmask;          // float-mask row (strided by float_mask.col_stride) or null
-  T* weights;              // weights row (len_k, contiguous) or null
-  T* lse;                  // lse element or null
-  int64_t lo, hi;          // visible keys [lo, hi), already clipped to the task's key range
-};
-
-// Per-thread scratch, one aligned allocation reused by every task the thread runs.
-template <typename T>
-struct Scratch {
-  T* q = nullptr;      // max_rows x head_dim, pre-scaled
-  T* kt = nullptr;     // the key block as K^T panels (see pack_keys), zero-padded
-  T* vp = nullptr;     // the value block as panels (see pack_values)
-  T* s = nullptr;      // kSubRows x kt_ld, scores then probabilities
-  T* acc = nullptr;    // max_rows x padded_dv(head_dim_v), unnormalised output
-  T* m = nullptr;      // max_rows running row max
-  T* l = nullptr;      // max_rows running row sum
-  RowRef<T>* rows = nullptr;  // max_rows
-  void* raw = nullptr;
-
-  bool allocate(int64_t max_rows, int64_t sub_rows, int64_t head_dim, int64_t head_dim_v,
-                int64_t kt_ld) {
-    const int64_t t = int64_t(sizeof(T)), dv = padded_dv<T>(head_dim_v);
-    const int64_t sizes[8] = {max_rows * head_dim * t, head_dim * kt_ld * t, dv * kt_ld * t,
-                              sub_rows * kt_ld * t,    max_rows * dv * t,    max_rows * t,
-                              max_rows * t,            max_rows * int64_t(sizeof(RowRef<T>))};
-    int64_t total = 0;
-    for (int64_t b : sizes) total += round_up(b, 64);
-    raw = std::aligned_alloc(64, size_t(total));
-    if (!raw) return false;
-    char* parts[8];
-    char* c = static_cast<char*>(raw);
-    for (int i = 0; i < 8; ++i) {
-      parts[i] = c;
-      c += round_up(sizes[i], 64);
-    }
-    q = reinterpret_cast<T*>(parts[0]);
-    kt = reinterpret_cast<T*>(parts[1]);
-    vp = reinterpret_cast<T*>(parts[2]);
-    s = reinterpret_cast<T*>(parts[3]);
-    acc = reinterpret_cast<T*>(parts[4]);
-    m = reinterpret_cast<T*>(parts[5]);
-    l = reinterpret_cast<T*>(parts[6]);
-    rows = reinterpret_cast<RowRef<T>*>(parts[7]);
-    return true;
-  }
-  ~Scratch() { std::free(raw); }
-};
 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
@@ -197,8 +124,8 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
         const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
         for (int rr = 0; rr < RT; ++rr) {
           const T qv = q[(r + rr) * head_dim + e];
-          acc[rr][0] += qv * k0;
-          acc[rr][1] += qv * k1;
+          acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+          acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
         }
       }
       for (int rr = 0; rr < RT; ++rr) {
@@ -207,38 +134,6 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
       }
     }
   }
-}
-
-// Sum of a vector's lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...),
-// the order reduce_lanes_of gives every lane it produces.
-template <typename T>
-inline T tree_sum(typename VecOf<T>::type x) {
-  constexpr int L = SdpaTraits<T>::kLanes;
-  T t[L];
-  for (int i = 0; i < L; ++i) t[i] = x[i];
-  for (int w = 1; w < L; w *= 2)
-    for (int i = 0; i < L; i += 2 * w) t[i] = t[i] + t[i + w];
-  return t[0];
-}
-
-// a[0..L) -> one vector whose lane i is tree_sum(a[i]): log2(L) rounds of adding the even
-// and odd lanes of neighbouring vectors.
-template <typename T>
-inline typename VecOf<T>::type reduce_lanes_of(typename VecOf<T>::type* a) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = SdpaTraits<T>::kLanes;
-  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
-  typedef I M __attribute__((vector_size(sizeof(V))));
-  M even, odd;
-  for (int i = 0; i < L; ++i) {
-    even[i] = 2 * i;
-    odd[i] = 2 * i + 1;
-  }
-  for (int count = L; count > 1; count /= 2)
-    for (int i = 0; i < count / 2; ++i)
-      a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
-             __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
-  return a[0];
 }
 
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
@@ -260,69 +155,24 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
         for (int i = 0; i < L; ++i) acc[i] = V{};
         for (int64_t e = 0; e < e_whole; e += L) {
           const V qv = vload(qr + e);
-          for (int i = 0; i < L; ++i) acc[i] += qv * vload(k + (j + i) * k_row_stride + e);
+          for (int i = 0; i < L; ++i)
+            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
         }
         V dots = reduce_lanes_of<T>(acc);
         for (int64_t e = e_whole; e < head_dim; ++e)
-          for (int i = 0; i < L; ++i) dots[i] += qr[e] * k[(j + i) * k_row_stride + e];
+          for (int i = 0; i < L; ++i)
+            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
         vstore(sr + j, dots);
       }
     }
     for (; j < n; ++j) {
       const T* kr = k + j * k_row_stride;
       V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L) acc += vload(qr + e) * vload(kr + e);
-      T dot = tree_sum<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot += qr[e] * kr[e];
+      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
+      T dot = reduce_add<T>(acc);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
       sr[j] = dot;
     }
-  }
-}
-
-// Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
-// the keys (no store-to-load chain through acc from one key to the next).
-template <typename T, int U>
-inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
-                        T* acc) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = SdpaTraits<T>::kLanes;
-  V a[U];
-  for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
-  for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride + c;
-    for (int u = 0; u < U; ++u) a[u] += pj * vload(vr + u * L);
-  }
-  for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
-}
-
-// acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
-// keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
-// Each element still sums its keys in order, one fused multiply-add at a time.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv,
-                   T* acc) {
-  constexpr int L = SdpaTraits<T>::kLanes;
-  int64_t c = 0;
-  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
-  if (c + 4 * L <= dv) {
-    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
-    c += 4 * L;
-  }
-  if (c + 2 * L <= dv) {
-    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
-    c += 2 * L;
-  }
-  if (c + L <= dv) {
-    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
-    c += L;
-  }
-  for (; c < dv; ++c) {
-    T a = acc[c];
-    for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a += p[j] * v[j * v_row_stride + c];
-    acc[c] = a;
   }
 }
 
@@ -346,8 +196,8 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
       const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
       for (int rr = 0; rr < RT; ++rr) {
         const T pj = p[rr * p_ld + j];
-        a[rr][0] += pj * v0;
-        a[rr][1] += pj * v1;
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
       }
     }
     for (int rr = 0; rr < RT; ++rr) {
@@ -357,44 +207,47 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
   }
 }
 
-// How a call is cut into work. A task is (batch entry, kv head, block of query rows) and
-// covers the query rows of every query head in the kv head's GQA group, so each packed
-// K^T block and each V block serve all of them. Key blocks sit at multiples of block_k
-// whatever the task, so a row's arithmetic does not depend on how rows are grouped into
-// tasks; block_q (and so the task count) may therefore follow the thread count while
-// results stay bit-identical. Decode-like calls with few tasks also split the key range
-// (key_splits, fixed by the shape alone) and merge the partial results by log-sum-exp.
-template <typename T>
-struct Plan {
-  const SdpaParams* p;
-  int64_t group;       // query heads per kv head
-  int64_t block_q;     // query rows per head per task
-  int64_t q_blocks;    // ceil(len_q / block_q)
-  int64_t tasks;       // batch * num_heads_kv * q_blocks
-  int64_t max_rows;    // group * block_q
-  bool thin;           // fewer rows than a register tile per task: no packing (decoding)
-  int64_t block_k;     // keys per block (a multiple of kColTile)
-  int64_t key_splits;  // 1, or the number of key ranges merged by log-sum-exp
-  int64_t split_len;   // keys per split: a multiple of block_k
-  T* partial;          // key_splits > 1: per (task, split, row): Ev accumulators, m, l
-};
-
 constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
+
+// Per-thread scratch, pieces of the driver's arena reused by every task the thread runs.
+template <typename T>
+struct SdpaScratch {
+  T* q = nullptr;    // max_rows x head_dim, pre-scaled
+  T* kt = nullptr;   // the key block as K^T panels (see pack_keys), zero-padded
+  T* vp = nullptr;   // the value block as panels (see pack_values)
+  T* s = nullptr;    // sub_rows x kt_ld, scores then probabilities
+  T* acc = nullptr;  // max_rows x padded_dv(head_dim_v), unnormalised output
+  T* m = nullptr;    // max_rows running row max
+  T* l = nullptr;    // max_rows running row sum
+
+  void layout(Arena& a, const SdpaParams& p, const Plan& plan) {
+    constexpr int RT = SdpaTraits<T>::kRowTile;
+    const int64_t max_rows = round_up(plan.max_rows, RT);
+    const int64_t sub_rows = round_up(imin(kSubRows, plan.max_rows), RT);
+    const int64_t E = imax(p.dim_q, 1), dv = padded_dv<T>(p.dim_v), kt_ld = plan.block_k;
+    q = a.take<T>(max_rows * E);
+    kt = a.take<T>(E * kt_ld);
+    vp = a.take<T>(dv * kt_ld);
+    s = a.take<T>(sub_rows * kt_ld);
+    acc = a.take<T>(max_rows * dv);
+    m = a.take<T>(max_rows);
+    l = a.take<T>(max_rows);
+  }
+};
 
 // Rows [r0, r1) of the task against columns [c0, c1) of the key block that starts at key
 // kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
 // sub-block, and skipped columns are ones no row of the sub-block sees.
-template <typename T>
-void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
-                  int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const T* k_block,
-                  const T* v_block, bool* v_packed, bool* v_finite) {
+template <typename T, bool kThin>
+void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
+                  int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
+                  const T* k_block, const T* v_block, bool* v_packed, bool* v_finite) {
   using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
   constexpr int L = Tr::kLanes;
   constexpr T kNegInf = -T(__builtin_inf());
-  const SdpaParams& p = *plan.p;
-  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev);
+  const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
   const int64_t ncols = round_up(n, Tr::kColTile);
@@ -419,10 +272,10 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   for (int64_t t = 0; t < tile_rows / RT; ++t) {
     int64_t hi = 0;
     for (int64_t r = t * RT; r < imin(nrows, t * RT + RT); ++r)
-      hi = imax(hi, imin(sc.rows[r0 + r].hi - kb, n));
-    width[t] = plan.thin ? ncols : round_up(hi, Tr::kColTile);
+      hi = imax(hi, imin(rows[r0 + r].hi - kb, n));
+    width[t] = kThin ? ncols : round_up(hi, Tr::kColTile);
   }
-  if (plan.thin) {
+  if (kThin) {
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
                   nrows, n);
   } else {
@@ -434,7 +287,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the tile's width w.
   for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = sc.rows[r0 + r];
+    const RowRef<T>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
@@ -446,18 +299,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       for (int64_t j = 0; j < w; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
-    if (row.fmask) {
-      const int64_t cs = p.float_mask.col_stride;
-      const T* fm = row.fmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
-    }
-    if (row.bmask) {
-      const int64_t cs = p.bool_mask.col_stride;
-      const uint8_t* bm = row.bmask + kb * cs;
-      for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
-    }
-    for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
-    for (int64_t j = jhi; j < w; ++j) s[j] = kNegInf;
+    mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
     // Keys past jhi keep the -inf the task wrote.
     if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
 
@@ -468,8 +310,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       const V x = vload(s + j);
       vmax = x > vmax ? x : vmax;
     }
-    T mx = kNegInf;
-    for (int lane = 0; lane < L; ++lane) mx = vmax[lane] > mx ? vmax[lane] : mx;
+    T mx = reduce_max<T>(vmax);
     if (mx == kNegInf)
       for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
@@ -484,8 +325,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
       vstore(s + j, e);
       vsum += e;
     }
-    T sum = 0;
-    for (int lane = 0; lane < L; ++lane) sum += vsum[lane];
+    const T sum = reduce_add<T>(vsum);
     // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
       const T alpha = exp2_approx((m_old - m_new) * log2e);
@@ -498,7 +338,7 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   }
 
   T* acc = sc.acc + r0 * Eva;
-  if (plan.thin) {  // straight from the value rows
+  if (kThin) {  // straight from the value rows
     for (int64_t r = 0; r < nrows; ++r)
       pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
     return;
@@ -515,8 +355,8 @@ void attend_block(const Plan<T>& plan, Scratch<T>& sc, int64_t r0, int64_t r1,
   if (*v_finite) {
     for (int64_t r = 0; r < tile_rows; r += RT)
       if (width[r / RT] > 0)
-        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile,
-                kt_ld, Eva, acc + r * Eva, Eva);
+        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile, kt_ld,
+                Eva, acc + r * Eva, Eva);
   } else {
     for (int64_t r = 0; r < nrows; ++r)
       pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva);
@@ -542,97 +382,61 @@ inline T lse_of(T m, T l) {
   return m == -T(__builtin_inf()) ? m : T(double(m) + __builtin_log(double(l)));
 }
 
-// One work item: task t (batch entry, kv head, query block) over the keys of split `split`.
+// Key splits: per (task, split, row) the Ev accumulators, m and l.
 template <typename T>
-void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) {
-  const SdpaParams& p = *plan.p;
-  using Tr = SdpaTraits<T>;
-  constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t E = p.head_dim, Ev = p.head_dim_v, Eva = padded_dv<T>(Ev), Lk = p.len_k;
-  const int64_t kt_ld = plan.block_k;
+struct SdpaShared {
+  T* partial = nullptr;
+};
 
-  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;  // late (causal-heavy) first
-  const int64_t bk = t / plan.q_blocks;                       // batch * num_heads_kv + hk
-  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
-  const int64_t i0 = qb * plan.block_q;
-  const int64_t nq = imin(plan.block_q, p.len_q - i0);
-  const int64_t nrows = plan.group * nq;
-  const int64_t key_begin = split * plan.split_len;
-  const int64_t key_end = imin(Lk, key_begin + plan.split_len);
+// The driver's engine (driver-inl.h): dot scores (tiled, or direct when kThin) with softcap
+// and the online softmax; splittable over keys.
+template <typename T, bool kThin>
+struct SdpaEngine {
+  using Params = SdpaParams;
+  using Shared = SdpaShared<T>;
+  static constexpr bool kSplitKeys = true;
+  const SdpaParams& p;
+  const Plan& plan;
+  const Shared& sh;
+  SdpaScratch<T> sc;
 
-  int64_t coord[kMaxBatchDims];
-  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
-    coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  const int64_t bn = p.batch_ndim;
-  const T* k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
-               hk * p.k.head_stride;
-  const T* v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
-               hk * p.v.head_stride;
-  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
-  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
-             batch_offset(p.out.batch_stride, coord, bn);
-  const uint8_t* bmask_b =
-      p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
-                             batch_offset(p.bool_mask.batch_stride, coord, bn)
-                       : nullptr;
-  const T* fmask_b = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) +
-                                             batch_offset(p.float_mask.batch_stride, coord, bn)
-                                       : nullptr;
-  const int64_t* vlens_b =
-      p.valid_lens.data ? static_cast<const int64_t*>(p.valid_lens.data) +
-                              batch_offset(p.valid_lens.batch_stride, coord, bn)
-                        : nullptr;
+  SdpaEngine(const SdpaParams& params, const Plan& pl, const Shared& shared)
+      : p(params), plan(pl), sh(shared) {}
 
-  // The task's rows, head-major: row r is query head hk*group + r/nq, position i0 + r%nq.
-  int64_t klo = key_end, khi = key_begin;
-  const T scale = T(p.scale);
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
-    RowRef<T>& row = sc.rows[r];
-    row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
-    row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
-    row.bmask = bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride
-                        : nullptr;
-    row.fmask = fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride
-                        : nullptr;
-    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
-    row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * Lk : nullptr;
-    const int64_t vl =
-        vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : Lk;
-    int64_t lo, hi;
-    row_key_range(p, i, vl, &lo, &hi);
-    row.lo = imax(lo, key_begin);
-    row.hi = imax(imin(hi, key_end), row.lo);
-    if (row.lo < row.hi) {
-      klo = imin(klo, row.lo);
-      khi = imax(khi, row.hi);
+  void layout(Arena& a) { sc.layout(a, p, plan); }
+
+  void begin(const TaskView<T>& tv) {
+    constexpr T kNegInf = -T(__builtin_inf());
+    const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
+    const T scale = T(p.scale);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      sc.m[r] = kNegInf;
+      sc.l[r] = T(0);
+      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
+      // Weights hold the masked scores (-inf = not attended) until the final lse is known.
+      if (row.weights)
+        for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
     }
-    sc.m[r] = kNegInf;
-    sc.l[r] = T(0);
-    for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
-    // Weights hold the masked scores (-inf = not attended) until the final lse is known.
-    if (row.weights)
-      for (int64_t j = key_begin; j < key_end; ++j) row.weights[j] = kNegInf;
+    // Rows up to the next whole register tile are padding: zero queries, never read back.
+    const int64_t tile_rows = round_up(nrows, SdpaTraits<T>::kRowTile);
+    std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
+    std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
   }
-  // Rows up to the next whole register tile are padding: zero queries, never read back.
-  const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
-  std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
-  std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
 
-  // Key blocks at multiples of block_k (see Plan).
-  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
-    const int64_t n = imin(plan.block_k, khi - kb);
+  // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
+  // of its rows see; K^T is packed once per block, V on first need.
+  void block(const TaskView<T>& tv, int64_t kb, int64_t n) {
+    using Tr = SdpaTraits<T>;
     const int64_t ncols = round_up(n, Tr::kColTile);
+    const T* k = tv.refs.k + kb * p.k.row_stride;
+    const T* v = tv.refs.v + kb * p.v.row_stride;
     bool packed = false, v_packed = false, v_finite = true;
-    for (int64_t r0 = 0; r0 < nrows; r0 += kSubRows) {
-      const int64_t r1 = imin(nrows, r0 + kSubRows);
-      // The columns of this block that some row of the sub-block sees.
+    for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
+      const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
       int64_t lo_min = kb + n, hi_max = kb;
       for (int64_t r = r0; r < r1; ++r) {
-        const RowRef<T>& row = sc.rows[r];
+        const RowRef<T>& row = tv.rows[r];
         const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
         if (lo < hi) {
           lo_min = imin(lo_min, lo);
@@ -640,112 +444,100 @@ void attend_task(const Plan<T>& plan, Scratch<T>& sc, int64_t t, int64_t split) 
         }
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
-      if (!packed && !plan.thin) {
-        pack_keys(k + kb * p.k.row_stride, p.k.row_stride, n, ncols, E, sc.kt);
+      if (!kThin && !packed) {
+        pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
         packed = true;
       }
       const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
-      attend_block(plan, sc, r0, r1, kb, n, c0, hi_max - kb, k + kb * p.k.row_stride,
-                   v + kb * p.v.row_stride, &v_packed, &v_finite);
+      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, &v_packed,
+                             &v_finite);
     }
   }
 
-  if (plan.key_splits > 1) {  // hand the partial state to the merge
-    T* part = plan.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
-    for (int64_t r = 0; r < nrows; ++r) {
+  // Normalise once; a row that saw no key gets output 0 and lse -inf.
+  void finish(const TaskView<T>& tv) {
+    const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      const T m = sc.m[r];
+      const bool empty = (m == -T(__builtin_inf()));
+      const T inv = empty ? T(0) : T(1) / sc.l[r];
+      const T* a = sc.acc + r * Eva;
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
+      if (row.lse) *row.lse = lse_of(m, sc.l[r]);
+      if (row.weights) finish_weights(row.weights, p.len_k, m, sc.l[r]);
+    }
+  }
+
+  void save_partial(const TaskView<T>& tv, int64_t t, int64_t split) {
+    const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
+    T* part = sh.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
       T* dst = part + r * (Ev + 2);
       std::memcpy(dst, sc.acc + r * Eva, size_t(Ev) * sizeof(T));
       dst[Ev] = sc.m[r];
       dst[Ev + 1] = sc.l[r];
     }
-    return;
   }
-  // Normalise once; a row that saw no key gets output 0 and lse -inf.
-  for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = sc.rows[r];
-    const T m = sc.m[r];
-    const bool empty = (m == kNegInf);
-    const T inv = empty ? T(0) : T(1) / sc.l[r];
-    const T* a = sc.acc + r * Eva;
-    for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
-    if (row.lse) *row.lse = lse_of(m, sc.l[r]);
-    if (row.weights) finish_weights(row.weights, Lk, m, sc.l[r]);
-  }
-}
 
-// Merge the key splits of task t in split order (fixed, so results do not depend on
-// which thread ran which split) and write the normalised output and lse.
-template <typename T>
-void merge_splits(const Plan<T>& plan, int64_t t) {
-  const SdpaParams& p = *plan.p;
-  constexpr T kNegInf = -T(__builtin_inf());
-  const int64_t Ev = p.head_dim_v;
-  const int64_t qb = plan.q_blocks - 1 - t % plan.q_blocks;
-  const int64_t bk = t / plan.q_blocks;
-  const int64_t b = bk / p.num_heads_kv, hk = bk % p.num_heads_kv;
-  const int64_t i0 = qb * plan.block_q;
-  const int64_t nq = imin(plan.block_q, p.len_q - i0);
-  int64_t coord[kMaxBatchDims];
-  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
-    coord[d] = rest % p.batch_shape[d];
-    rest /= p.batch_shape[d];
-  }
-  T* out_b = static_cast<T*>(const_cast<void*>(p.out.data)) +
-             batch_offset(p.out.batch_stride, coord, p.batch_ndim);
-  const T* part = plan.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
-  const int64_t split_stride = plan.max_rows * (Ev + 2);
-  for (int64_t r = 0; r < plan.group * nq; ++r) {
-    const int64_t h = hk * plan.group + r / nq, i = i0 + r % nq;
-    T* out = out_b + h * p.out.head_stride + i * p.out.row_stride;
-    T m = kNegInf;
-    for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
-      const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
-      m = (ms > m || ms != ms) ? ms : m;
-    }
-    for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
-    T l = 0;
-    if (m != kNegInf) {
+  // The key splits of task t in split order (fixed, so results do not depend on which
+  // thread ran which split) -> the normalised output, lse and weights.
+  void merge(const TaskView<T>& tv, int64_t t) {
+    constexpr T kNegInf = -T(__builtin_inf());
+    const int64_t Ev = p.dim_v;
+    const T* part = sh.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
+    const int64_t split_stride = plan.max_rows * (Ev + 2);
+    for (int64_t r = 0; r < tv.nrows; ++r) {
+      const RowRef<T>& row = tv.rows[r];
+      T* out = row.out;
+      T m = kNegInf;
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
-        const T* src = part + sp * split_stride + r * (Ev + 2);
-        if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
-        const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
-        l += w * src[Ev + 1];
-        for (int64_t c = 0; c < Ev; ++c) out[c] += w * src[c];
+        const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
+        m = (ms > m || ms != ms) ? ms : m;
       }
-      const T inv = T(1) / l;
-      for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
+      for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
+      T l = 0;
+      if (m != kNegInf) {
+        for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
+          const T* src = part + sp * split_stride + r * (Ev + 2);
+          if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
+          const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
+          l = vfma(w, src[Ev + 1], l);
+          for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
+        }
+        const T inv = T(1) / l;
+        for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
+      }
+      if (row.lse) *row.lse = lse_of(m, l);
+      if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
-    const int64_t flat_row = (b * p.num_heads_q + h) * p.len_q + i;
-    if (p.lse) static_cast<T*>(p.lse)[flat_row] = lse_of(m, l);
-    if (p.weights) finish_weights(static_cast<T*>(p.weights) + flat_row * p.len_k, p.len_k, m, l);
   }
-}
+};
 
-// Returns false if scratch could not be allocated (the caller raises).
+// The plan: a task is (batch entry, kv head, block of query rows) and covers the rows of
+// every query head of the kv head's GQA group, so each packed K^T and V block serves all
+// of them. block_q (and so the task count) may follow the thread count (the driver keeps
+// results bit-identical); thin and the key splits are fixed by the shape alone, since the
+// specialisations round differently. Returns false if scratch could not be allocated.
 template <typename T>
 bool sdpa_forward(const SdpaParams& p) {
-  int64_t batch = 1;
-  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
 
-  Plan<T> plan;
-  plan.p = &p;
-  plan.group = p.num_heads_q / p.num_heads_kv;
-  plan.block_k = key_block_size<T>(imax(p.head_dim, 1), p.l1_bytes);
-  // About 256 rows per task, fewer when that leaves threads idle (see Plan).
-  plan.block_q = imax(1, imin(p.len_q, 256 / plan.group));
+  Plan plan;
+  plan.heads = p.num_heads_q / p.num_heads_kv;
+  plan.block_k = key_block_size<T>(imax(p.dim_q, 1), p.l1_bytes);
+  // About 256 rows per task, fewer when that leaves threads idle.
+  plan.block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t heads = batch * p.num_heads_kv;
   const int64_t shape_tasks = heads * ((p.len_q + plan.block_q - 1) / plan.block_q);
   while (plan.block_q > 16 &&
          heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
     plan.block_q /= 2;
-  plan.q_blocks = (p.len_q + plan.block_q - 1) / plan.block_q;
-  plan.tasks = heads * plan.q_blocks;
-  plan.max_rows = plan.group * plan.block_q;
-  // Fixed by the shape (not by block_q, which follows the thread count), since the two
-  // paths round differently.
-  plan.thin = plan.group * p.len_q < SdpaTraits<T>::kRowTile;
-  // Few tasks over long key ranges (decoding): split the keys. Fixed by the shape alone.
+  plan_tasks(p, batch, &plan);
+  // Thin: fewer rows than a register tile per task (decoding), no packing.
+  const bool thin = plan.heads * p.len_q < SdpaTraits<T>::kRowTile;
+  // Few tasks over long key ranges (decoding): split the keys.
   plan.key_splits = 1;
   plan.split_len = imax(p.len_k, 1);
   constexpr int64_t kTargetItems = 32;
@@ -758,40 +550,20 @@ bool sdpa_forward(const SdpaParams& p) {
       plan.key_splits = (p.len_k + plan.split_len - 1) / plan.split_len;
     }
   }
-  plan.partial = nullptr;
+  SdpaShared<T> sh;
   if (plan.key_splits > 1) {
-    const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.head_dim_v + 2);
-    plan.partial = static_cast<T*>(
-        std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
-    if (!plan.partial) return false;
+    const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
+    sh.partial =
+        static_cast<T*>(std::aligned_alloc(64, size_t(round_up(count * int64_t(sizeof(T)), 64))));
+    if (!sh.partial) return false;
   }
-
-  const int64_t items = plan.tasks * plan.key_splits;
-  bool failed = false;
-  const int threads = int(imax(1, imin(p.num_threads, items)));
-#pragma omp parallel num_threads(threads)
-  {
-    Scratch<T> sc;
-    const bool ok = sc.allocate(round_up(plan.max_rows, SdpaTraits<T>::kRowTile),
-                                round_up(imin(kSubRows, plan.max_rows), SdpaTraits<T>::kRowTile),
-                                imax(p.head_dim, 1), p.head_dim_v, plan.block_k);
-    if (!ok) {
-#pragma omp atomic write
-      failed = true;
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      if (ok) attend_task(plan, sc, item / plan.key_splits, item % plan.key_splits);
-    }
-    if (plan.key_splits > 1) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < plan.tasks; ++t) {
-        if (!failed) merge_splits(plan, t);
-      }
-    }
-  }
-  std::free(plan.partial);
-  return !failed;
+  const bool ok = FASTATTN_BOOL_SWITCH(thin, kThin, [&] {
+    return FASTATTN_BOOL_SWITCH(plan.key_splits > 1, kSplit, [&] {
+      return run_blocked<T, SdpaEngine<T, kThin>, kSplit>(p, plan, sh);
+    });
+  });
+  std::free(sh.partial);
+  return ok;
 }
 
 // The softmax's exp2 on an array (whole vectors, then one-lane tail), for the accuracy test.

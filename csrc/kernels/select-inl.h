@@ -1,8 +1,8 @@
 // Hardmax / top-k attention over dot-product scores, compiled once per ISA
-// (select_<isa>.cpp): s = scale * q . k + float_mask, masks as SDPA; per row the k best
-// visible keys are kept in a small heap while the key blocks stream past (family-inl.h),
-// then hardmax puts weight 1 on the first best key and top-k takes a softmax over the
-// kept scores. Only the kept keys' values are read.
+// (in a TU CMake generates from kernels/ops.h): s = scale * q . k + float_mask, masks as SDPA; per
+// row the k best visible keys are kept in a small heap while the key blocks stream past
+// (family-inl.h), then hardmax puts weight 1 on the first best key and top-k takes a softmax over
+// the kept scores. Only the kept keys' values are read.
 #pragma once  // per translation unit
 
 #include "kernels/family-inl.h"

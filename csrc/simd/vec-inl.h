@@ -1,11 +1,24 @@
-// The SIMD layer every kernel is written in: Vec<T> is one register of the ISA this
+// The SIMD layer every kernel is written in. Vec<T> is one register of the ISA this
 // translation unit is compiled for, through GCC/Clang vector extensions, which lower to
 // SSE2 (baseline), AVX2+FMA, AVX-512 or NEON (aarch64) by the TU's flags alone, and to
 // one-lane "vectors" (the scalar reference path) when FASTATTN_VEC_BYTES is 0.
 // Arithmetic, comparisons (lane masks) and `mask ? a : b` selects are the operators;
-// loads and stores are unaligned. Include only inside an ISA namespace (FASTATTN_ISA_NS):
-// every function here is per ISA, so none can leak into another ISA's code.
+// everything else a kernel needs is here: loads and stores (unaligned; partial ones for
+// tails), broadcast, fused multiply-add, min/max, lane reductions in a fixed order, and
+// (simd/math-inl.h, included at the end) exp, exp2 and tanh.
+//
+// Kernel TUs are compiled with -ffp-contract=off: a multiply-add is fused exactly where the
+// source says vfma, never by the compiler's choice, so results depend on the source and the
+// ISA only. Include only inside an ISA namespace (FASTATTN_ISA_NS): every function here is
+// per ISA, so none can leak into another ISA's code.
 #pragma once  // per translation unit
+
+#if defined(__SSE2__)
+#include <immintrin.h>  // inline intrinsics only (gnu_inline: nothing emitted out of line)
+#endif
+
+#include <cstdint>
+#include <type_traits>
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
@@ -25,6 +38,34 @@ using Vec = typename VecOf<T>::type;
 template <typename T>
 constexpr int kLanes = kVecBytes<T> / int(sizeof(T));
 
+// The lane masks comparisons of Vec<T> give (all bits set = true), and one bool byte per lane.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+template <typename T>
+struct MaskOf {
+  typedef Bits<T> type __attribute__((vector_size(kVecBytes<T>)));
+  typedef uint8_t bytes __attribute__((vector_size(kLanes<T>)));
+};
+
+// Index arithmetic every kernel uses.
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+inline int64_t round_up(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
+
+// The lane type of a vector (or a scalar itself).
+template <typename V>
+struct LaneOf {
+  using type = std::remove_cv_t<std::remove_reference_t<decltype(std::declval<V&>()[0])>>;
+};
+template <>
+struct LaneOf<float> {
+  using type = float;
+};
+template <>
+struct LaneOf<double> {
+  using type = double;
+};
+
 template <typename T>
 inline Vec<T> vload(const T* p) {
   Vec<T> v;
@@ -37,24 +78,203 @@ inline void vstore(T* p, Vec<T> v) {
   __builtin_memcpy(p, &v, sizeof v);
 }
 
+// The first n < kLanes elements at p, the other lanes 0; p[n..] is never touched.
+template <typename T>
+inline Vec<T> vload_partial(const T* p, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64) {
+    if constexpr (sizeof(T) == 4)
+      return (Vec<T>)_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+    else
+      return (Vec<T>)_mm512_maskz_loadu_pd(__mmask8((1u << n) - 1), p);
+  }
+#endif
+  Vec<T> v = {};
+  for (int64_t i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+
+// Stores the first n < kLanes lanes of v at p; p[n..] is never touched.
+template <typename T>
+inline void vstore_partial(T* p, Vec<T> v, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64) {
+    if constexpr (sizeof(T) == 4)
+      _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), (__m512)v);
+    else
+      _mm512_mask_storeu_pd(p, __mmask8((1u << n) - 1), (__m512d)v);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+}
+
 template <typename T>
 inline Vec<T> vbroadcast(T x) {
   return Vec<T>{} + x;
 }
 
+// Lanes whose bool byte at m is nonzero (kLanes bytes are read).
 template <typename T>
-inline T reduce_add(Vec<T> v) {
-  T sum = 0;
-  for (int lane = 0; lane < kLanes<T>; ++lane) sum += v[lane];
-  return sum;
+inline typename MaskOf<T>::type vkeep(const uint8_t* m) {
+  typename MaskOf<T>::bytes b;
+  __builtin_memcpy(&b, m, sizeof b);
+  return __builtin_convertvector(b, typename MaskOf<T>::type) != 0;
 }
 
+// a * b + c with one rounding, on a vector or a scalar, where the ISA has an FMA unit.
+// Elsewhere (baseline SSE2, the scalar path) a multiply, then an add: two roundings, as the
+// hardware gives; the result still depends on nothing but the source and the ISA.
+template <typename V>
+inline V vfma(V a, V b, V c) {
+  using T = typename LaneOf<V>::type;
+  constexpr bool f32 = sizeof(T) == 4;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if constexpr (f32)
+      return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+    else
+      return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+  }
+#endif
+#if defined(__FMA__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (f32)
+      return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+    else
+      return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+  } else if constexpr (sizeof(V) == 16) {
+    if constexpr (f32)
+      return (V)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+    else
+      return (V)_mm_fmadd_pd((__m128d)a, (__m128d)b, (__m128d)c);
+  } else if constexpr (std::is_arithmetic_v<V>) {
+    if constexpr (f32)
+      return __builtin_fmaf(a, b, c);
+    else
+      return __builtin_fma(a, b, c);
+  } else if constexpr (sizeof(V) == sizeof(T)) {  // a one-lane vector
+    V r;
+    r[0] = f32 ? __builtin_fmaf(a[0], b[0], c[0]) : __builtin_fma(a[0], b[0], c[0]);
+    return r;
+  }
+#endif
+  return a * b + c;
+}
+
+// Lane-wise min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b, as the min/max
+// instructions define them (b when either is NaN): one instruction where the ISA has it,
+// where GCC would otherwise emit a compare and a blend.
+template <typename V>
+inline V vmin(V a, V b) {
+  using T = typename LaneOf<V>::type;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    // maskz with every lane set: the plain instruction, without the unmasked form's
+    // "undefined" source operand (which GCC 12 warns about).
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm512_maskz_min_ps(__mmask16(-1), (__m512)a, (__m512)b);
+    else
+      return (V)_mm512_maskz_min_pd(__mmask8(-1), (__m512d)a, (__m512d)b);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm256_min_ps((__m256)a, (__m256)b);
+    else
+      return (V)_mm256_min_pd((__m256d)a, (__m256d)b);
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm_min_ps((__m128)a, (__m128)b);
+    else
+      return (V)_mm_min_pd((__m128d)a, (__m128d)b);
+  }
+#endif
+  return a < b ? a : b;
+}
+template <typename V>
+inline V vmax(V a, V b) {
+  using T = typename LaneOf<V>::type;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm512_maskz_max_ps(__mmask16(-1), (__m512)a, (__m512)b);
+    else
+      return (V)_mm512_maskz_max_pd(__mmask8(-1), (__m512d)a, (__m512d)b);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm256_max_ps((__m256)a, (__m256)b);
+    else
+      return (V)_mm256_max_pd((__m256d)a, (__m256d)b);
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm_max_ps((__m128)a, (__m128)b);
+    else
+      return (V)_mm_max_pd((__m128d)a, (__m128d)b);
+  }
+#endif
+  return a > b ? a : b;
+}
+
+// Sum of the lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...), the
+// order reduce_lanes_of gives every lane it produces.
 template <typename T>
-inline T reduce_max(Vec<T> v) {  // NaN lanes are ignored
-  T m = v[0];
-  for (int lane = 1; lane < kLanes<T>; ++lane) m = v[lane] > m ? v[lane] : m;
+inline T reduce_add(Vec<T> x) {
+  constexpr int L = kLanes<T>;
+  T t[L];
+  for (int i = 0; i < L; ++i) t[i] = x[i];
+  for (int w = 1; w < L; w *= 2)
+    for (int i = 0; i < L; i += 2 * w) t[i] = t[i] + t[i + w];
+  return t[0];
+}
+
+// a[0..L) -> one vector whose lane i is reduce_add(a[i]): log2(L) rounds of adding the even
+// and odd lanes of neighbouring vectors (a is overwritten).
+template <typename T>
+inline Vec<T> reduce_lanes_of(Vec<T>* a) {
+  constexpr int L = kLanes<T>;
+  typename MaskOf<T>::type even, odd;
+  for (int i = 0; i < L; ++i) {
+    even[i] = 2 * i;
+    odd[i] = 2 * i + 1;
+  }
+  for (int count = L; count > 1; count /= 2)
+    for (int i = 0; i < count / 2; ++i)
+      a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
+             __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+  return a[0];
+}
+
+// Max of the lanes, NaN lanes ignored (-inf for a vector of NaNs).
+template <typename T>
+inline T reduce_max(Vec<T> v) {
+  T m = -T(__builtin_inf());
+  for (int lane = 0; lane < kLanes<T>; ++lane) m = v[lane] > m ? v[lane] : m;
+  return m;
+}
+
+// Max of the lanes where a NaN lane wins (NaN propagates).
+template <typename T>
+inline T reduce_max_nan(Vec<T> v) {
+  T m = -T(__builtin_inf());
+  for (int lane = 0; lane < kLanes<T>; ++lane) {
+    const T x = v[lane];
+    m = (x > m || x != x) ? x : m;
+  }
   return m;
 }
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn
+
+#include "simd/math-inl.h"

@@ -1,0 +1,123 @@
+// The plain structs that carry a call from the Python validation layer to a kernel:
+// pointers, int64 element strides, sizes, flags. Python (fastattn/_validate.py,
+// fastattn/_family.py) has checked and normalised everything; the C++ entry points
+// (csrc/api) re-check the cheap invariants before any kernel sees a struct.
+#pragma once
+
+#include <cstdint>
+
+namespace fastattn {
+
+// Leading ("batch") dims are passed unflattened, each with its own stride per tensor,
+// so broadcast (stride-0) views are never materialised. NumPy allows 64 dims; three
+// of them are (heads, rows, columns), which leaves this many for the batch.
+constexpr int kMaxBatchDims = 61;
+
+// One tensor seen through element strides: batch dims, head, row, and column
+// (the last axis; 1 for q/k/v/out, possibly 0 for a broadcast mask column). Axes of
+// length 0 or 1 have stride 0.
+struct StridedView {
+  const void* data = nullptr;
+  int64_t batch_stride[kMaxBatchDims] = {};
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;
+  int64_t col_stride = 1;
+};
+
+// What every attention op shares. Query is (batch..., num_heads_q, len_q, dim_q); key
+// (batch..., num_heads_kv, len_k, dim_k); value (batch..., num_heads_kv, len_k, dim_v);
+// output (batch..., num_heads_q, len_q, dim_v); masks (batch..., Hq, Lq, Lk); valid_lens
+// (batch..., Hq, Lq). q/k/v/out have unit-stride last axes. Scores are formed from q and k
+// by the op's score, then s = s + float_mask, and bool mask / valid_lens / causal / window
+// make keys invisible.
+struct AttnParams {
+  int64_t batch_ndim = 0;
+  int64_t batch_shape[kMaxBatchDims] = {};
+  int64_t num_heads_q = 1, num_heads_kv = 1;
+  int64_t len_q = 0, len_k = 0, dim_q = 0, dim_k = 0, dim_v = 0;
+
+  StridedView q, k, v;
+  StridedView out;         // data is written (const_cast in the kernel)
+  StridedView bool_mask;   // uint8 (NumPy bool), 1 = may attend; data null if absent
+  StridedView float_mask;  // same dtype as q; added to the scores; null if absent
+  StridedView valid_lens;  // int64 per score row (col_stride unused); null if absent
+
+  // Optional outputs, C-contiguous: lse (batch..., Hq, Lq), weights (batch..., Hq, Lq, Lk).
+  void* lse = nullptr;
+  void* weights = nullptr;
+
+  double scale = 1.0;  // dot scores: s = scale * q . k
+
+  // Key j is visible to row i iff lo(i) <= j < hi(i) where, with d = i + diag_offset,
+  //   causal: j <= d;  window: d - window_left <= j <= d + window_right (-1 = unbounded).
+  bool causal = false;
+  int64_t diag_offset = 0;  // 0 = top-left alignment, len_k - len_q = bottom-right
+  int64_t window_left = -1, window_right = -1;
+
+  int num_threads = 1;
+};
+
+// scaled_dot_product_attention: dot scores (dim_k == dim_q), optional softcap, online softmax.
+struct SdpaParams : AttnParams {
+  double softcap = 0.0;          // 0 = no softcap
+  int64_t l1_bytes = 32 * 1024;  // L1 data cache of this CPU (sizes the key blocks)
+};
+
+// masked_softmax sees x as rows (every axis but the softmax axis) x len (the softmax axis).
+constexpr int kMaxRowDims = 64;
+
+struct RowsView {
+  const void* data = nullptr;
+  int64_t row_stride[kMaxRowDims] = {};  // per row axis
+  int64_t col_stride = 1;                // along the softmax axis (any value, 0 included)
+};
+
+struct MaskedSoftmaxParams {
+  int64_t row_ndim = 0;
+  int64_t row_shape[kMaxRowDims] = {};
+  int64_t len = 0;      // entries per row
+  RowsView x, out;      // compute dtype; out is written
+  RowsView mask;        // uint8 (NumPy bool), 1 = keep; data null if absent
+  RowsView valid_lens;  // int64 per row (col_stride unused); data null if absent
+  int num_threads = 1;
+};
+
+// How a block of scores becomes weights.
+enum class Normalizer : int {
+  kSoftmax = 0,    // online softmax (additive attention, gaussian kernel regression)
+  kSelect = 1,     // hardmax / top-k: softmax over the k largest visible scores
+  kKernelSum = 2,  // compact kernel regression: weights K(u), divided by their sum
+};
+
+enum class RegressionKernel : int { kGaussian = 0, kBoxcar, kTriangular, kEpanechnikov };
+
+// An attention-family call (additive attention, hardmax/top-k attention, Nadaraya-Watson
+// kernel regression): the shared fields, then the score's and the normaliser's own.
+struct FamilyParams : AttnParams {
+  Normalizer normalizer = Normalizer::kSoftmax;
+  int64_t top_k = 1;     // kSelect: keys kept per row (1 <= top_k)
+  bool hardmax = false;  // kSelect with top_k == 1: weight exactly 1, no exponential
+
+  // Additive scores: s = w_v . tanh(q @ w_q + k @ w_k); C-contiguous (dim_q, hidden),
+  // (dim_k, hidden), (hidden,) in the compute dtype.
+  const void* w_q = nullptr;
+  const void* w_k = nullptr;
+  const void* w_v = nullptr;
+  int64_t hidden = 0;
+
+  // Kernel regression: the kernel and one bandwidth per batch entry (batch strides only).
+  RegressionKernel kernel = RegressionKernel::kGaussian;
+  StridedView bandwidth;
+};
+
+// out[r, :] = x[r, :] @ w for r < rows: x rows with a row stride and unit column stride,
+// w C-contiguous (dim_in, dim_out), out C-contiguous (rows, dim_out).
+struct ProjectParams {
+  const void* x = nullptr;
+  int64_t rows = 0, dim_in = 0, dim_out = 0, x_row_stride = 0;
+  const void* w = nullptr;
+  void* out = nullptr;
+  int num_threads = 1;
+};
+
+}  // namespace fastattn

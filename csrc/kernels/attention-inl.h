@@ -1,0 +1,229 @@
+// What every attention kernel shares, whatever its score and normaliser: the scratch arena,
+// how a task (batch entry, query heads, block of query rows) finds its data and its rows'
+// visible keys, the masks applied to a row of scores, and acc += P V one row at a time. Per ISA,
+// like the SIMD layer it is written in (include only inside a TU that defines FASTATTN_ISA_NS).
+#pragma once  // per translation unit
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "api/params.h"
+#include "simd/vec-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+// A bump allocator over one aligned block: run a layout once with base == nullptr to learn
+// the size, then again over the block to hand out the pieces (64-byte aligned each).
+struct Arena {
+  char* base = nullptr;
+  int64_t used = 0;
+  template <typename U>
+  U* take(int64_t n) {
+    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
+    used += round_up(imax(n, 1) * int64_t(sizeof(U)), 64);
+    return p;
+  }
+};
+
+// Runs layout(Arena&) twice as above; returns the block (std::free it), null if allocation
+// failed.
+template <typename Layout>
+inline void* arena_allocate(Layout&& layout) {
+  Arena sizing;
+  layout(sizing);
+  void* raw = std::aligned_alloc(64, size_t(sizing.used));
+  if (!raw) return nullptr;
+  Arena a;
+  a.base = static_cast<char*>(raw);
+  layout(a);
+  return raw;
+}
+
+// Keys row `row` may see: [lo, hi), lo <= hi. valid_lens, causal and window AND together.
+inline void row_key_range(const AttnParams& p, int64_t row, int64_t valid_len, int64_t* lo,
+                          int64_t* hi) {
+  int64_t l = 0, h = imin(p.len_k, valid_len);
+  const int64_t d = row + p.diag_offset;
+  if (p.causal) h = imin(h, d + 1);
+  if (p.window_left >= 0) l = imax(l, d - p.window_left);
+  if (p.window_right >= 0) h = imin(h, d + p.window_right + 1);
+  *lo = l;
+  *hi = imax(h, l);
+}
+
+inline int64_t batch_offset(const int64_t* stride, const int64_t* coord, int64_t ndim) {
+  int64_t off = 0;
+  for (int64_t d = 0; d < ndim; ++d) off += stride[d] * coord[d];
+  return off;
+}
+
+// Task t of a call cut into (batch entry, group of `heads` consecutive query heads, block of
+// block_q query rows), q_blocks per group. Late query blocks come first (a causal mask
+// gives them more keys). The heads of a group share kv head hk (heads divides the GQA
+// group or equals it).
+struct TaskCoord {
+  int64_t b, h0, heads, hk, i0, nq;
+};
+
+inline TaskCoord task_coord(const AttnParams& p, int64_t t, int64_t heads, int64_t block_q,
+                            int64_t q_blocks) {
+  TaskCoord c;
+  const int64_t groups = p.num_heads_q / heads;
+  const int64_t bg = t / q_blocks;
+  c.b = bg / groups;
+  c.h0 = bg % groups * heads;
+  c.heads = heads;
+  c.hk = c.h0 / (p.num_heads_q / p.num_heads_kv);
+  c.i0 = (q_blocks - 1 - t % q_blocks) * block_q;
+  c.nq = imin(block_q, p.len_q - c.i0);
+  return c;
+}
+
+// One row of a task: a (query head, query position) pair and where its data lives.
+template <typename T>
+struct RowRef {
+  const T* q;            // query row
+  T* out;                // output row
+  const uint8_t* bmask;  // bool-mask row (strided by bool_mask.col_stride) or null
+  const T* fmask;        // float-mask row (strided by float_mask.col_stride) or null
+  T* weights;            // weights row (len_k, contiguous) or null
+  T* lse;                // lse element or null
+  int64_t lo, hi;        // visible keys [lo, hi), clipped to the task's key range
+};
+
+// A task's batch entry (coordinates) and kv head (k, v).
+template <typename T>
+struct TaskRefs {
+  int64_t coord[kMaxBatchDims];
+  const T* k;
+  const T* v;
+};
+
+// Resolves task c: fills refs and rows[0:c.heads * c.nq) (head-major: row r is query head
+// h0 + r / nq, position i0 + r % nq) with visible keys clipped to [key_begin, key_end).
+// Returns the union of the rows' ranges in *klo, *khi (klo >= khi when no row sees a key).
+template <typename T>
+inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
+                            int64_t key_end, TaskRefs<T>* refs, RowRef<T>* rows, int64_t* klo,
+                            int64_t* khi) {
+  const int64_t bn = p.batch_ndim;
+  int64_t* coord = refs->coord;
+  for (int64_t d = bn - 1, rest = c.b; d >= 0; --d) {
+    coord[d] = rest % p.batch_shape[d];
+    rest /= p.batch_shape[d];
+  }
+  refs->k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
+            c.hk * p.k.head_stride;
+  refs->v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
+            c.hk * p.v.head_stride;
+  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+  T* out_b =
+      static_cast<T*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
+  const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
+                                                  batch_offset(p.bool_mask.batch_stride, coord, bn)
+                                            : nullptr;
+  const T* fmask_b = p.float_mask.data ? static_cast<const T*>(p.float_mask.data) +
+                                             batch_offset(p.float_mask.batch_stride, coord, bn)
+                                       : nullptr;
+  const int64_t* vlens_b = p.valid_lens.data
+                               ? static_cast<const int64_t*>(p.valid_lens.data) +
+                                     batch_offset(p.valid_lens.batch_stride, coord, bn)
+                               : nullptr;
+  int64_t lo_all = key_end, hi_all = key_begin;
+  for (int64_t r = 0; r < c.heads * c.nq; ++r) {
+    const int64_t h = c.h0 + r / c.nq, i = c.i0 + r % c.nq;
+    RowRef<T>& row = rows[r];
+    row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
+    row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
+    row.bmask =
+        bmask_b ? bmask_b + h * p.bool_mask.head_stride + i * p.bool_mask.row_stride : nullptr;
+    row.fmask =
+        fmask_b ? fmask_b + h * p.float_mask.head_stride + i * p.float_mask.row_stride : nullptr;
+    const int64_t flat_row = (c.b * p.num_heads_q + h) * p.len_q + i;
+    row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
+    row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * p.len_k : nullptr;
+    const int64_t vl =
+        vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : p.len_k;
+    int64_t lo, hi;
+    row_key_range(p, i, vl, &lo, &hi);
+    row.lo = imax(lo, key_begin);
+    row.hi = imax(imin(hi, key_end), row.lo);
+    if (row.lo < row.hi) {
+      lo_all = imin(lo_all, row.lo);
+      hi_all = imax(hi_all, row.hi);
+    }
+  }
+  *klo = lo_all;
+  *khi = hi_all;
+}
+
+// Masks on one row of scores s[0:ncols) for the keys [kb, kb + ncols) (s[j] is key kb + j):
+// s += float_mask, bool-mask holes and keys outside the visible columns [jlo, jhi) become
+// -inf. fmask/bmask point at the row's first key (strided by their col_stride) or are null.
+template <typename T>
+inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, int64_t kb,
+                     int64_t jlo, int64_t jhi, int64_t ncols, T* s) {
+  constexpr T kNegInf = -T(__builtin_inf());
+  if (fmask) {
+    const int64_t cs = p.float_mask.col_stride;
+    const T* fm = fmask + kb * cs;
+    for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
+  }
+  if (bmask) {
+    const int64_t cs = p.bool_mask.col_stride;
+    const uint8_t* bm = bmask + kb * cs;
+    for (int64_t j = jlo; j < jhi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
+  }
+  for (int64_t j = 0; j < jlo; ++j) s[j] = kNegInf;
+  for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
+}
+
+// Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
+// the keys (no store-to-load chain through acc from one key to the next).
+template <typename T, int U>
+inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
+                        T* acc) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  V a[U];
+  for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
+  for (int64_t j = 0; j < n; ++j) {
+    const T pj = p[j];
+    if (pj == T(0)) continue;
+    const T* vr = v + j * v_row_stride + c;
+    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload(vr + u * L), a[u]);
+  }
+  for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
+}
+
+// acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
+// keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
+// Each element still sums its keys in order, one fused multiply-add at a time.
+template <typename T>
+inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
+  constexpr int L = kLanes<T>;
+  int64_t c = 0;
+  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
+  if (c + 4 * L <= dv) {
+    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
+    c += 4 * L;
+  }
+  if (c + 2 * L <= dv) {
+    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
+    c += 2 * L;
+  }
+  if (c + L <= dv) {
+    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
+    c += L;
+  }
+  for (; c < dv; ++c) {
+    T a = acc[c];
+    for (int64_t j = 0; j < n; ++j)
+      if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
+    acc[c] = a;
+  }
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

@@ -1,0 +1,155 @@
+// The one blocked attention driver. Every attention kernel (SDPA, additive, hardmax/top-k,
+// Nadaraya-Watson) is an engine run by run_blocked: the driver cuts the call into tasks,
+// gives each thread one scratch arena, resolves each task's rows and walks the keys they
+// see in blocks; the engine scores a key block and folds it into its normaliser's state.
+// Per ISA (include only inside a TU that defines FASTATTN_ISA_NS).
+//
+// Engine interface (E below), for the compute type T:
+//   E(const E::Params&, const Plan&, const E::Shared&)   per thread
+//   void layout(Arena&)                   its scratch, sized for plan.max_rows rows
+//   void begin(const TaskView<T>&)        the task's rows are set up
+//   void block(const TaskView<T>&, int64_t kb, int64_t n)   keys [kb, kb + n)
+//   void finish(const TaskView<T>&)       writes out (and lse / weights)
+// and, for key splits (E::kSplitKeys; see Plan), instead of finish:
+//   void save_partial(const TaskView<T>&, int64_t task, int64_t split)
+//   void merge(const TaskView<T>&, int64_t task)   rows set up over every key
+// Specialisations (thin / tiled scores, key splits) are template parameters of the engine
+// and of run_blocked, chosen once per call with FASTATTN_BOOL_SWITCH.
+//
+// A task is done by one thread start to finish, and key blocks sit at multiples of
+// block_k whatever the task, so a row's arithmetic does not depend on how rows are grouped
+// into tasks: results are bit-identical for any thread count.
+#pragma once  // per translation unit
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "api/params.h"
+#include "kernels/attention-inl.h"
+#include "simd/vec-inl.h"
+
+// Runs the callable __VA_ARGS__ with `name` a constexpr bool equal to the runtime `cond`
+// (a runtime flag becomes a template parameter; the callable is compiled for both values).
+#define FASTATTN_BOOL_SWITCH(cond, name, ...) \
+  [&] {                                       \
+    if (cond) {                               \
+      constexpr bool name = true;             \
+      return __VA_ARGS__();                   \
+    } else {                                  \
+      constexpr bool name = false;            \
+      return __VA_ARGS__();                   \
+    }                                         \
+  }()
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+// How a call is cut into work: tasks of `heads` query heads (see TaskCoord) x block_q query
+// rows; keys in blocks of block_k at multiples of block_k; key_splits > 1 splits each
+// task's keys into ranges of split_len (a multiple of block_k) whose partial results the
+// engine merges.
+struct Plan {
+  int64_t heads = 1;     // query heads per task (a GQA group, or 1)
+  int64_t block_q = 1;   // query rows per head per task
+  int64_t q_blocks = 0;  // ceil(len_q / block_q)
+  int64_t tasks = 0;     // batch * (num_heads_q / heads) * q_blocks
+  int64_t max_rows = 0;  // heads * block_q
+  int64_t block_k = 1;
+  int64_t key_splits = 1;
+  int64_t split_len = 1;
+};
+
+// Fills the task counts of a plan whose heads and block_q are set.
+inline void plan_tasks(const AttnParams& p, int64_t batch, Plan* plan) {
+  plan->q_blocks = (p.len_q + plan->block_q - 1) / plan->block_q;
+  plan->tasks = batch * (p.num_heads_q / plan->heads) * plan->q_blocks;
+  plan->max_rows = plan->heads * plan->block_q;
+}
+
+inline int64_t batch_count(const AttnParams& p) {
+  int64_t batch = 1;
+  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  return batch;
+}
+
+// What an engine sees of a task: its coordinates, data, rows (visible keys clipped to
+// [key_begin, key_end)).
+template <typename T>
+struct TaskView {
+  TaskCoord c;
+  TaskRefs<T> refs;
+  RowRef<T>* rows;
+  int64_t nrows;
+  int64_t key_begin, key_end;
+};
+
+// Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see.
+template <typename T>
+inline void open_task(const AttnParams& p, const Plan& plan, int64_t t, int64_t key_begin,
+                      int64_t key_end, RowRef<T>* rows, TaskView<T>* tv, int64_t* klo,
+                      int64_t* khi) {
+  tv->c = task_coord(p, t, plan.heads, plan.block_q, plan.q_blocks);
+  tv->rows = rows;
+  tv->nrows = tv->c.heads * tv->c.nq;
+  tv->key_begin = key_begin;
+  tv->key_end = key_end;
+  setup_task_rows(p, tv->c, key_begin, key_end, &tv->refs, rows, klo, khi);
+}
+
+// Runs every task of the call; false if a thread's scratch could not be allocated.
+template <typename T, typename Engine, bool kSplit>
+bool run_blocked(const typename Engine::Params& p, const Plan& plan,
+                 const typename Engine::Shared& shared) {
+  static_assert(!kSplit || Engine::kSplitKeys,
+                "this engine's normaliser cannot merge key splits: plan key_splits = 1");
+  const int64_t splits = kSplit ? plan.key_splits : 1;
+  const int64_t items = plan.tasks * splits;
+  bool failed = false;
+  const int threads = int(imax(1, imin(p.num_threads, items)));
+#pragma omp parallel num_threads(threads)
+  {
+    Engine eng(p, plan, shared);
+    RowRef<T>* rows = nullptr;
+    void* raw = arena_allocate([&](Arena& a) {
+      rows = a.take<RowRef<T>>(plan.max_rows);
+      eng.layout(a);
+    });
+    if (!raw) {
+#pragma omp atomic write
+      failed = true;
+    }
+    TaskView<T> tv;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      if (!raw) continue;
+      const int64_t t = item / splits, split = item % splits;
+      const int64_t key_begin = split * plan.split_len;
+      const int64_t key_end = kSplit ? imin(p.len_k, key_begin + plan.split_len) : p.len_k;
+      int64_t klo, khi;
+      open_task(p, plan, t, key_begin, key_end, rows, &tv, &klo, &khi);
+      eng.begin(tv);
+      for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k)
+        eng.block(tv, kb, imin(plan.block_k, khi - kb));
+      if constexpr (kSplit)
+        eng.save_partial(tv, t, split);
+      else
+        eng.finish(tv);
+    }
+    if constexpr (kSplit) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < plan.tasks; ++t) {
+        if (failed) continue;
+        int64_t klo, khi;
+        open_task(p, plan, t, 0, p.len_k, rows, &tv, &klo, &khi);
+        eng.merge(tv, t);
+      }
+    }
+    std::free(raw);
+  }
+  return !failed;
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

@@ -1,5 +1,0 @@
-// The nadaraya_watson kernels compiled for ISA "avx512" (flags in CMakeLists.txt).
-#define FASTATTN_ISA_NS avx512
-#define FASTATTN_VEC_BYTES 64
-#include "kernels/family.h"
-#include "kernels/nadaraya_watson-inl.h"

@@ -1,0 +1,60 @@
+// The one registration point of the kernels: FASTATTN_OPS lists every kernel function as
+// X(source, name, Signature). From this list
+//   - CMakeLists.txt compiles each kernels/<source>-inl.h once per ISA (it reads the
+//     X(...) lines of this file), in a generated TU that defines FASTATTN_ISA_NS and
+//     FASTATTN_VEC_BYTES and includes this header and then the source;
+//   - this header declares name_f32 and name_f64 in every ISA namespace (the source
+//     defines them), and dispatch/isa.h makes them the KernelTable's fields and rows.
+// Adding an op: its -inl.h source, one X(...) line here, and its binding. No SIMD here.
+#pragma once
+
+#include <cstdint>
+
+#include "api/params.h"
+
+namespace fastattn {
+
+// Signatures, as templates of the compute type T (float or double).
+template <typename T>
+using SdpaFn = bool(const SdpaParams&);
+template <typename T>
+using ArrayFn = void(const T* x, T* out, int64_t n);
+template <typename T>
+using MaskedSoftmaxFn = bool(const MaskedSoftmaxParams&);
+template <typename T>
+using FamilyFn = bool(const FamilyParams&);
+template <typename T>
+using ProjectFn = bool(const ProjectParams&);
+template <typename T>
+using FmaPeakFn = double(int num_threads, double seconds);
+template <typename T>
+using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
+
+// The attention kernels return false when scratch could not be allocated (the entry point
+// raises); the machine-limit probes return their measurement.
+#define FASTATTN_OPS(X)                                      \
+  X(sdpa, sdpa_forward, SdpaFn)                              \
+  X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */ \
+  X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
+  X(additive, additive_attention, FamilyFn)                  \
+  X(additive, project, ProjectFn)                            \
+  X(select, select_attention, FamilyFn)                      \
+  X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
+  X(machine_limits, fma_peak, FmaPeakFn)                     \
+  X(machine_limits, read_bandwidth, ReadBandwidthFn)
+
+#define FASTATTN_DECLARE_OP(source, name, Sig) \
+  Sig<float> name##_f32;                       \
+  Sig<double> name##_f64;
+
+#define FASTATTN_DECLARE_ISA(isa)   \
+  namespace isa {                   \
+  FASTATTN_OPS(FASTATTN_DECLARE_OP) \
+  }
+
+FASTATTN_DECLARE_ISA(scalar)
+FASTATTN_DECLARE_ISA(baseline)
+FASTATTN_DECLARE_ISA(avx2)
+FASTATTN_DECLARE_ISA(avx512)
+
+}  // namespace fastattn

@@ -1,5 +1,0 @@
-// The attention kernels compiled for ISA "avx2" (flags in CMakeLists.txt).
-#define FASTATTN_ISA_NS avx2
-#define FASTATTN_VEC_BYTES 32
-#include "kernels/sdpa.h"
-#include "kernels/sdpa-inl.h"

@@ -1,0 +1,291 @@
+// The SIMD layer's math (reached through simd/vec-inl.h, which includes this after its
+// primitives): branch-free exp, exp2, expm1 and tanh on vectors (and exp/exp2 on one value)
+// for the softmaxes, the softcap and additive attention. Multiply-adds are vfma, so each
+// ISA's results are fixed by this source. Per ISA like the rest of the layer; no libm.
+#pragma once  // per translation unit; each ISA has its own TU
+
+#include "simd/vec-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+template <typename T>
+struct ExpTraits;
+
+template <>
+struct ExpTraits<float> {
+  using Bits = int32_t;
+  static constexpr float kMin = -87.33f;  // below: result under FLT_MIN, returned as 0
+  static constexpr float kMax = 88.0f;
+  static constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to integer
+  static constexpr float kLn2Hi = 0.693359375f;
+  static constexpr float kLn2Lo = -2.12194440e-4f;
+  static constexpr int kMantissa = 23;
+  static constexpr int kBias = 127;
+};
+
+template <>
+struct ExpTraits<double> {
+  using Bits = int64_t;
+  static constexpr double kMin = -708.3;
+  static constexpr double kMax = 709.0;
+  static constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01;
+  static constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr int kMantissa = 52;
+  static constexpr int kBias = 1023;
+};
+
+template <typename T>
+inline T select(bool c, T a, T b) {
+  return c ? a : b;
+}
+
+// e^x with x = n ln2 + r, |r| <= ln2/2, and a Taylor polynomial for e^r: degree 7 for
+// float (truncation 5e-9, ~1 ulp) and 13 for double (4e-18). Returns 0 for x < kMin
+// (so e^-inf = 0), NaN for NaN. Accurate to a few ulp on [kMin, kMax].
+template <typename T>
+inline T exp_approx(T x) {
+  using V = T;
+  using Tr = ExpTraits<T>;
+  using Bits = typename Tr::Bits;
+  constexpr T kLog2e = T(1.4426950408889634);
+  T xc = select(x < Tr::kMin, Tr::kMin, x);
+  xc = select(xc > Tr::kMax, Tr::kMax, xc);
+  xc = select(x != x, T(0), xc);  // keep the integer conversion below defined for NaN
+  const T n = vfma(xc, kLog2e, Tr::kRound) - Tr::kRound;
+  const T r = vfma(-n, T(Tr::kLn2Lo), vfma(-n, T(Tr::kLn2Hi), xc));
+  T poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = T(1.0 / 5040);
+    poly = vfma(poly, r, V{} + T(1.0 / 720));
+    poly = vfma(poly, r, V{} + T(1.0 / 120));
+    poly = vfma(poly, r, V{} + T(1.0 / 24));
+    poly = vfma(poly, r, V{} + T(1.0 / 6));
+    poly = vfma(poly, r, V{} + T(0.5));
+    poly = vfma(poly, r, V{} + T(1));
+    poly = vfma(poly, r, V{} + T(1));
+  } else {
+    poly = T(1.0 / 6227020800.0);
+    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
+    poly = vfma(poly, r, V{} + T(0.5));
+    poly = vfma(poly, r, V{} + T(1));
+    poly = vfma(poly, r, V{} + T(1));
+  }
+  const Bits e = (static_cast<Bits>(n) + Tr::kBias) << Tr::kMantissa;
+  const T result = poly * __builtin_bit_cast(T, e);
+  return select(x < Tr::kMin, T(0), select(x != x, x, result));
+}
+
+// exp_approx on a whole vector (GCC vector extensions): same algorithm, same results
+// lane by lane as the scalar version.
+template <typename T, typename V>
+inline V exp_approx_vec(V x) {
+  using Tr = ExpTraits<T>;
+  typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
+  constexpr T kLog2e = T(1.4426950408889634);
+  const V lo = V{} + Tr::kMin, hi = V{} + Tr::kMax, zero = V{};
+  V xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  xc = x != x ? zero : xc;
+  const V n = vfma(xc, V{} + kLog2e, V{} + Tr::kRound) - Tr::kRound;
+  const V r = vfma(-n, V{} + Tr::kLn2Lo, vfma(-n, V{} + Tr::kLn2Hi, xc));
+  V poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = zero + T(1.0 / 5040);
+    poly = vfma(poly, r, V{} + T(1.0 / 720));
+    poly = vfma(poly, r, V{} + T(1.0 / 120));
+    poly = vfma(poly, r, V{} + T(1.0 / 24));
+    poly = vfma(poly, r, V{} + T(1.0 / 6));
+    poly = vfma(poly, r, V{} + T(0.5));
+    poly = vfma(poly, r, V{} + T(1));
+    poly = vfma(poly, r, V{} + T(1));
+  } else {
+    poly = zero + T(1.0 / 6227020800.0);
+    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
+    poly = vfma(poly, r, V{} + T(0.5));
+    poly = vfma(poly, r, V{} + T(1));
+    poly = vfma(poly, r, V{} + T(1));
+  }
+  const BitsV e = (__builtin_convertvector(n, BitsV) + Tr::kBias) << Tr::kMantissa;
+  const V result = poly * (V)e;  // GCC vector cast: reinterprets the bits
+  const V out = x != x ? x : result;
+  return x < lo ? zero : out;
+}
+
+// 2^x for the softmax, whose scores carry log2(e) folded in: x = n + f, |f| <= 1/2.
+// float: a degree-6 polynomial interpolating 2^f at Chebyshev nodes (max relative error
+// 1.0e-7 evaluated in float, about 1 ulp); double: Taylor of e^(f ln2) to degree 13
+// (truncation 4e-18). Returns 0 below 2^(kMin - 1/2) (so 2^-inf = 0), NaN for NaN.
+template <typename T>
+struct Exp2Traits;
+template <>
+struct Exp2Traits<float> {
+  using Bits = int32_t;
+  using UBits = uint32_t;
+  static constexpr float kMin = -126.0f, kMax = 127.0f;
+};
+template <>
+struct Exp2Traits<double> {
+  using Bits = int64_t;
+  using UBits = uint64_t;
+  static constexpr double kMin = -1022.0, kMax = 1023.0;
+};
+
+template <typename T, typename V>
+inline V exp2_poly(V f) {
+  V poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = V{} + T(0.00015461444683652947);
+    poly = vfma(poly, f, V{} + T(0.0013400428178361574));
+    poly = vfma(poly, f, V{} + T(0.00961805667859009));
+    poly = vfma(poly, f, V{} + T(0.055503272266688435));
+    poly = vfma(poly, f, V{} + T(0.24022650922288005));
+    poly = vfma(poly, f, V{} + T(0.6931472067028333));
+    poly = vfma(poly, f, V{} + T(1.0));
+  } else {
+    const V r = f * T(0.69314718055994530942);
+    poly = V{} + T(1.0 / 6227020800.0);
+    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
+    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
+    poly = vfma(poly, r, V{} + T(0.5));
+    poly = vfma(poly, r, V{} + T(1));
+    poly = vfma(poly, r, V{} + T(1));
+  }
+  return poly;
+}
+
+template <typename T, typename V>
+inline V exp2_approx_vec(V x) {
+  using Tr = Exp2Traits<T>;
+  typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
+  typedef typename Tr::UBits UBitsV __attribute__((vector_size(sizeof(V))));
+  // Clamp to [kMin - 1, kMax]: n = kMin - 1 gives a zero exponent field, so the result
+  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select. A NaN passes the
+  // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
+  const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
+  V xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
+  const V poly = exp2_poly<T>(xc - n);
+  // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
+  const UBitsV e = ((UBitsV) __builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
+                   << ExpTraits<T>::kMantissa;
+  return poly * (V)e;
+}
+
+// The same on one value (a one-lane vector), for per-row terms.
+template <typename T>
+inline T exp2_approx(T x) {
+  typedef T V1 __attribute__((vector_size(sizeof(T))));
+  const V1 v = {x};
+  return exp2_approx_vec<T>(v)[0];
+}
+
+// e^y - 1 without cancellation: y * (1 + y/2 + y^2/6 + ...) for |y| <= ln2/2 (Taylor to the
+// same order as exp_approx), e^y - 1 elsewhere (where it has no cancellation to speak of).
+template <typename T, typename V>
+inline V expm1_approx_vec(V y) {
+  const V zero = V{};
+  V poly;
+  if constexpr (sizeof(T) == 4) {
+    poly = zero + T(1.0 / 40320);
+    poly = vfma(poly, y, V{} + T(1.0 / 5040));
+    poly = vfma(poly, y, V{} + T(1.0 / 720));
+    poly = vfma(poly, y, V{} + T(1.0 / 120));
+    poly = vfma(poly, y, V{} + T(1.0 / 24));
+    poly = vfma(poly, y, V{} + T(1.0 / 6));
+    poly = vfma(poly, y, V{} + T(0.5));
+    poly = vfma(poly, y, V{} + T(1));
+  } else {
+    poly = zero + T(1.0 / 87178291200.0);
+    poly = vfma(poly, y, V{} + T(1.0 / 6227020800.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 479001600.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 39916800.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 3628800.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 362880.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 40320.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 5040.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 720.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 120.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 24.0));
+    poly = vfma(poly, y, V{} + T(1.0 / 6.0));
+    poly = vfma(poly, y, V{} + T(0.5));
+    poly = vfma(poly, y, V{} + T(1));
+  }
+  const V small = y * poly;
+  const V ay = y < zero ? -y : y;
+  return ay <= T(0.34657359027997264) ? small : exp_approx_vec<T>(y) - T(1);
+}
+
+// tanh(x) = sign(x) * -m / (2 + m) with m = e^{-2|x|} - 1: relative error of a few ulp for
+// every x (a softcap with a large cap sees small x, where 1 - e^{-2|x|} would cancel).
+template <typename T, typename V>
+inline V tanh_approx_vec(V x) {
+  const V zero = V{};
+  const V ax = x < zero ? -x : x;
+  const V m = expm1_approx_vec<T>(T(-2) * ax);
+  const V th = -m / (T(2) + m);
+  return x < zero ? -th : th;
+}
+
+// tanh on a whole vector, for the Lq x Lk x hidden evaluations of additive attention.
+// float: Eigen's rational approximation (odd degree-13 / even degree-6 polynomial on
+// [-7.905, 7.905], where it reaches 1 in float): one division and 11 multiply-adds, at most
+// 3.3 ulp from tanh (measured densely on [-10, 10] and on a log grid down to 1e-8; near 0
+// p/q is x * (1 - 1.3e-7), so Eigen's "x below 4e-4" branch is not needed). NaN propagates.
+// double: tanh_approx_vec above (a few ulp).
+template <typename T, typename V>
+inline V tanh_fast_vec(V x) {
+  if constexpr (sizeof(T) == 4) {
+    const V zero = V{};
+    const V hi = zero + 7.90531110763549805f, lo = zero - 7.90531110763549805f;
+    // min(hi, x) returns x when x is NaN, so NaN passes both clamps and propagates.
+    const V xc = vmax(lo, vmin(hi, x));
+    const V x2 = xc * xc;
+    V p = zero - 2.76076847742355e-16f;
+    p = vfma(p, x2, V{} + 2.00018790482477e-13f);
+    p = vfma(p, x2, V{} - 8.60467152213735e-11f);
+    p = vfma(p, x2, V{} + 5.12229709037114e-08f);
+    p = vfma(p, x2, V{} + 1.48572235717979e-05f);
+    p = vfma(p, x2, V{} + 6.37261928875436e-04f);
+    p = vfma(p, x2, V{} + 4.89352455891786e-03f);
+    p = p * xc;
+    V q = zero + 1.19825839466702e-06f;
+    q = vfma(q, x2, V{} + 1.18534705686654e-04f);
+    q = vfma(q, x2, V{} + 2.26843463243900e-03f);
+    q = vfma(q, x2, V{} + 4.89352518554385e-03f);
+    return p / q;
+  } else {
+    return tanh_approx_vec<T>(x);
+  }
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn
