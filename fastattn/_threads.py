@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
+from fastattn import _core
 from fastattn._validation import check_size
 
 _lock = threading.Lock()
@@ -23,7 +24,7 @@ _env_seen: tuple = ()  # (raw values, the count they gave): the last environment
 def _from_environment() -> int:
     """The count the environment asks for; parsed again only when a variable changed."""
     global _env_seen
-    raws = (os.environ.get("FASTATTN_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS"))
+    raws = _core.thread_environment()  # as os.environ has them; cheaper than os.environ.get
     if raws == (None, None):
         return _available_cpus()
     if not (_env_seen and _env_seen[0] == raws):
