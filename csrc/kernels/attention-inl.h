@@ -1,6 +1,7 @@
 // What every attention kernel shares, whatever its score and normaliser: the scratch arena,
 // how a task (batch entry, query heads, block of query rows) finds its data and its rows'
-// visible keys, the masks applied to a row of scores, and acc += P V one row at a time. Per ISA,
+// visible keys, the masks applied to a row of scores, and the block micro-kernels: K^T and
+// V panels, dot-score tiles, and acc += P V (panels, register tiles or row by row). Per ISA,
 // like the SIMD layer it is written in (include only inside a TU that defines FASTATTN_ISA_NS).
 #pragma once  // per translation unit
 
@@ -12,6 +13,12 @@
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
+
+// Register tiles of the block products: kRowTile query rows x kColTile keys or value
+// columns (two vectors).
+constexpr int kRowTile = 4;
+template <typename T>
+constexpr int kColTile = 2 * kLanes<T>;
 
 // A bump allocator over one aligned block: run a layout once with base == nullptr to learn
 // the size, then again over the block to hand out the pieces (64-byte aligned each).
@@ -179,6 +186,166 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
   for (int64_t j = jhi; j < ncols; ++j) s[j] = kNegInf;
 }
 
+// ---------------------------------------------------------------------------------------
+// Dot scores and acc += P V over one key block
+
+// Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
+// head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
+template <typename T>
+inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
+                      T* kt) {
+  constexpr int CT = kColTile<T>;
+  for (int64_t j = 0; j < ncols; ++j) {
+    T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
+    if (j < n) {
+      const T* kr = k + j * row_stride;
+      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
+    } else {
+      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
+    }
+  }
+}
+
+// Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns; the
+// last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
+// Returns whether every value of the block is finite: only then may P V multiply a zero
+// probability by a value (0 * inf = NaN otherwise).
+template <typename T>
+inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                        int64_t panel_rows, T* vp) {
+  using V = typename VecOf<T>::type;
+  constexpr int CT = kColTile<T>, L = kLanes<T>;
+  V bad = V{};  // NaN in a lane once an inf or NaN went through it
+  const int64_t whole = head_dim_v / CT * CT;
+  for (int64_t c = 0; c < whole; c += CT) {
+    T* dst = vp + (c / CT) * panel_rows * CT;
+    for (int64_t j = 0; j < n; ++j) {
+      const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
+      vstore(dst + j * CT, a);
+      vstore(dst + j * CT + L, b);
+      bad += (a - a) + (b - b);
+    }
+  }
+  T bad_tail = T(0);
+  if (whole < head_dim_v) {
+    T* dst = vp + (whole / CT) * panel_rows * CT;
+    const int64_t w = head_dim_v - whole;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* src = v + j * row_stride + whole;
+      T* d = dst + j * CT;
+      for (int64_t c = 0; c < w; ++c) {
+        d[c] = src[c];
+        bad_tail += src[c] - src[c];
+      }
+      for (int64_t c = w; c < CT; ++c) d[c] = T(0);
+    }
+  }
+  bool finite = bad_tail == T(0);
+  for (int lane = 0; lane < L; ++lane) finite = finite && bad[lane] == T(0);
+  return finite;
+}
+
+// s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
+// nrows is a multiple of kRowTile (rows are padded) and ncols of kColTile, so the
+// register tile needs no tail.
+template <typename T>
+inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
+                        int64_t nrows, int64_t ncols) {
+  using V = typename VecOf<T>::type;
+  constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
+  for (int64_t r = 0; r < nrows; r += RT) {
+    for (int64_t c = 0; c < ncols; c += CT) {
+      const T* panel = kt + (c / CT) * head_dim * CT;
+      V acc[RT][2] = {};
+      for (int64_t e = 0; e < head_dim; ++e) {
+        const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
+        for (int rr = 0; rr < RT; ++rr) {
+          const T qv = q[(r + rr) * head_dim + e];
+          acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+          acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
+        }
+      }
+      for (int rr = 0; rr < RT; ++rr) {
+        vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
+        vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
+      }
+    }
+  }
+}
+
+// s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
+// (decoding), where packing K^T would cost more than the scores themselves. L keys at a
+// time, reduced together; every key's dot product has the same order of operations.
+template <typename T>
+inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
+                          int64_t s_ld, int64_t nrows, int64_t n) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  const int64_t e_whole = head_dim / L * L;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const T* qr = q + r * head_dim;
+    T* sr = s + r * s_ld;
+    int64_t j = 0;
+    if constexpr (L > 1) {
+      for (; j + L <= n; j += L) {
+        V acc[L];
+        for (int i = 0; i < L; ++i) acc[i] = V{};
+        for (int64_t e = 0; e < e_whole; e += L) {
+          const V qv = vload(qr + e);
+          for (int i = 0; i < L; ++i)
+            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
+        }
+        V dots = reduce_lanes_of<T>(acc);
+        for (int64_t e = e_whole; e < head_dim; ++e)
+          for (int i = 0; i < L; ++i)
+            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
+        vstore(sr + j, dots);
+      }
+    }
+    for (; j < n; ++j) {
+      const T* kr = k + j * k_row_stride;
+      V acc = V{};
+      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
+      T dot = reduce_add<T>(acc);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
+      sr[j] = dot;
+    }
+  }
+}
+
+// acc[r, :] += sum_j p[r, j] * v[j, :] for kRowTile rows at once, multiplying every
+// probability (so only for a block whose values are all finite), over the value panels
+// (pack_values) and the padded width dv_pad: no column tail, so every row of the tile runs the same
+// vector code.
+template <typename T>
+inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
+                    int64_t dv_pad, T* acc, int64_t acc_ld) {
+  using V = typename VecOf<T>::type;
+  constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
+  for (int64_t c = 0; c < dv_pad; c += CT) {
+    const T* panel = vp + (c / CT) * panel_rows * CT;
+    V a[RT][2];
+    for (int rr = 0; rr < RT; ++rr) {
+      a[rr][0] = vload(acc + rr * acc_ld + c);
+      a[rr][1] = vload(acc + rr * acc_ld + c + L);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
+      for (int rr = 0; rr < RT; ++rr) {
+        const T pj = p[rr * p_ld + j];
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
+      }
+    }
+    for (int rr = 0; rr < RT; ++rr) {
+      vstore(acc + rr * acc_ld + c, a[rr][0]);
+      vstore(acc + rr * acc_ld + c + L, a[rr][1]);
+    }
+  }
+}
+
+constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
+
 // Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
 // the keys (no store-to-load chain through acc from one key to the next).
 template <typename T, int U>
@@ -222,6 +389,43 @@ inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int6
     for (int64_t j = 0; j < n; ++j)
       if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
     acc[c] = a;
+  }
+}
+
+// pv_row for kRowTile rows at once, straight from the value rows (any dv, column tail
+// included), multiplying every probability: only for rows whose p in [0, n) are all
+// nonzero or a block whose values are all finite.
+template <typename T>
+inline void pv_tile_strided(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_row_stride,
+                            int64_t dv, T* acc, int64_t acc_ld) {
+  using V = typename VecOf<T>::type;
+  constexpr int RT = kRowTile, L = kLanes<T>;
+  int64_t c = 0;
+  for (; c + 2 * L <= dv; c += 2 * L) {
+    V a[RT][2];
+    for (int rr = 0; rr < RT; ++rr) {
+      a[rr][0] = vload(acc + rr * acc_ld + c);
+      a[rr][1] = vload(acc + rr * acc_ld + c + L);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
+      for (int rr = 0; rr < RT; ++rr) {
+        const T pj = p[rr * p_ld + j];
+        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
+        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
+      }
+    }
+    for (int rr = 0; rr < RT; ++rr) {
+      vstore(acc + rr * acc_ld + c, a[rr][0]);
+      vstore(acc + rr * acc_ld + c + L, a[rr][1]);
+    }
+  }
+  for (; c < dv; ++c) {
+    for (int rr = 0; rr < RT; ++rr) {
+      T a = acc[rr * acc_ld + c];
+      for (int64_t j = 0; j < n; ++j) a = vfma(p[rr * p_ld + j], v[j * v_row_stride + c], a);
+      acc[rr * acc_ld + c] = a;
+    }
   }
 }
 

@@ -29,10 +29,6 @@ namespace FASTATTN_ISA_NS {
 namespace family {
 
 template <typename T>
-constexpr int kColTile = 2 * kLanes<T>;  // keys are scored in whole tiles of this many
-constexpr int kRowTile = 4;              // query rows per register tile
-
-template <typename T>
 inline T neg_inf() {
   return -T(__builtin_inf());
 }
@@ -97,14 +93,14 @@ struct FamilyEngine {
   Scores sc;
   Norm nm;
   Task<T> t;
-  T* s = nullptr;  // max_rows x block_k scores
+  T* s = nullptr;  // max_rows (rounded up to kRowTile) x block_k scores
 
   FamilyEngine(const FamilyParams& params, const Plan& pl, const Shared& shared)
       : p(params), plan(pl), sc(params, shared), nm(params) {}
 
   void layout(Arena& a) {
     const int64_t rows = plan.max_rows, ld = plan.block_k;
-    s = a.take<T>(rows * ld);
+    s = a.take<T>(round_up(rows, kRowTile) * ld);  // whole register tiles of rows
     t.jlo = a.take<int64_t>(rows);
     t.jhi = a.take<int64_t>(rows);
     t.active = a.take<uint8_t>(rows);
@@ -156,41 +152,6 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
 
 // ---------------------------------------------------------------------------------------
 // acc += P V
-
-// The same for kRowTile rows at once, all of whose p in [0, n) are nonzero.
-template <typename T>
-inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* v, int64_t v_row_stride,
-                    int64_t dv, T* acc, int64_t acc_ld) {
-  using V = typename VecOf<T>::type;
-  constexpr int RT = kRowTile, L = kLanes<T>;
-  int64_t c = 0;
-  for (; c + 2 * L <= dv; c += 2 * L) {
-    V a[RT][2];
-    for (int rr = 0; rr < RT; ++rr) {
-      a[rr][0] = vload(acc + rr * acc_ld + c);
-      a[rr][1] = vload(acc + rr * acc_ld + c + L);
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const V v0 = vload(v + j * v_row_stride + c), v1 = vload(v + j * v_row_stride + c + L);
-      for (int rr = 0; rr < RT; ++rr) {
-        const T pj = p[rr * p_ld + j];
-        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
-        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
-      }
-    }
-    for (int rr = 0; rr < RT; ++rr) {
-      vstore(acc + rr * acc_ld + c, a[rr][0]);
-      vstore(acc + rr * acc_ld + c + L, a[rr][1]);
-    }
-  }
-  for (; c < dv; ++c) {
-    for (int rr = 0; rr < RT; ++rr) {
-      T a = acc[rr * acc_ld + c];
-      for (int64_t j = 0; j < n; ++j) a = vfma(p[rr * p_ld + j], v[j * v_row_stride + c], a);
-      acc[rr * acc_ld + c] = a;
-    }
-  }
-}
 
 // Whether v[0:n, 0:dv) is all finite (then 0 * v == 0 and zero-skipping is unnecessary).
 template <typename T>
@@ -251,7 +212,7 @@ inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, int6
     bool dense = true;
     for (int rr = 0; rr < kRowTile; ++rr) dense = dense && zeros[r + rr] == 0;
     if (dense || finite) {
-      pv_tile(s + r * ld, ld, n, v, v_row_stride, dv, acc + r * dv, dv);
+      pv_tile_strided(s + r * ld, ld, n, v, v_row_stride, dv, acc + r * dv, dv);
     } else {
       for (int rr = 0; rr < kRowTile; ++rr)
         pv_row(s + (r + rr) * ld, n, v, v_row_stride, dv, acc + (r + rr) * dv);
@@ -524,8 +485,9 @@ struct SelectTopK {
 // ---------------------------------------------------------------------------------------
 // Score sources shared by several kernels
 
-// Scaled dot products: s = scale * q . k, with the query rows pre-scaled and each key block
-// packed transposed (dim x ld, zero-padded) for a register-tiled product.
+// Scaled dot products: s = scale * q . k, with the query rows pre-scaled (padded with zero
+// rows to whole register tiles) and each key block packed as K^T panels (pack_keys) for the
+// register-tiled product scores_tile.
 template <typename T>
 struct DotScores {
   struct Shared {};
@@ -535,60 +497,24 @@ struct DotScores {
 
   DotScores(const FamilyParams& params, const Shared&) : p(params) {}
 
-  void layout(Arena& a, int64_t block_q, int64_t ld) {
-    q = a.take<T>(block_q * imax(p.dim_q, 1));
+  void layout(Arena& a, int64_t rows, int64_t ld) {
+    q = a.take<T>(round_up(rows, kRowTile) * imax(p.dim_q, 1));
     kt = a.take<T>(imax(p.dim_q, 1) * ld);
   }
 
   void begin(const Task<T>& t) {
     const T scale = T(p.scale);
-    const int64_t E = p.dim_q;
+    const int64_t E = p.dim_q, tile_rows = round_up(t.nrows, kRowTile);
     for (int64_t r = 0; r < t.nrows; ++r) {
       const T* qr = t.rows[r].q;
       for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * qr[e];
     }
+    std::memset(q + t.nrows * E, 0, size_t((tile_rows - t.nrows) * E) * sizeof(T));
   }
 
   void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
-    using V = typename VecOf<T>::type;
-    constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
-    const int64_t E = p.dim_q;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = t.refs.k + (kb + j) * p.k.row_stride;
-      for (int64_t e = 0; e < E; ++e) kt[e * ld + j] = kr[e];
-    }
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t j = n; j < ncols; ++j) kt[e * ld + j] = T(0);
-    int64_t r = 0;
-    for (; r + RT <= t.nrows; r += RT) {
-      for (int64_t c = 0; c < ncols; c += CT) {
-        V acc[RT][2] = {};
-        for (int64_t e = 0; e < E; ++e) {
-          const V k0 = vload(kt + e * ld + c), k1 = vload(kt + e * ld + c + L);
-          for (int rr = 0; rr < RT; ++rr) {
-            const T qv = q[(r + rr) * E + e];
-            acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
-            acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
-          }
-        }
-        for (int rr = 0; rr < RT; ++rr) {
-          vstore(s + (r + rr) * ld + c, acc[rr][0]);
-          vstore(s + (r + rr) * ld + c + L, acc[rr][1]);
-        }
-      }
-    }
-    for (; r < t.nrows; ++r) {
-      for (int64_t c = 0; c < ncols; c += CT) {
-        V a0 = {}, a1 = {};
-        for (int64_t e = 0; e < E; ++e) {
-          const T qv = q[r * E + e];
-          a0 = vfma(vbroadcast(qv), vload(kt + e * ld + c), a0);
-          a1 = vfma(vbroadcast(qv), vload(kt + e * ld + c + L), a1);
-        }
-        vstore(s + r * ld + c, a0);
-        vstore(s + r * ld + c + L, a1);
-      }
-    }
+    pack_keys(t.refs.k + kb * p.k.row_stride, p.k.row_stride, n, ncols, p.dim_q, kt);
+    scores_tile(q, p.dim_q, kt, s, ld, round_up(t.nrows, kRowTile), ncols);
   }
 };
 

@@ -27,187 +27,21 @@
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
-template <typename T>
-struct SdpaTraits {
-  static constexpr int kLanes = fastattn::FASTATTN_ISA_NS::kLanes<T>;
-  static constexpr int kRowTile = 4;           // query rows per register tile
-  static constexpr int kColTile = 2 * kLanes;  // columns per register tile (2 vectors)
-};
-
 constexpr double kLog2e = 1.4426950408889634074;
 
 // Keys per block: the packed K^T block (head_dim x keys) takes about twice the L1 data
 // cache (its panels stream through L1 one column tile at a time; measured best here).
 template <typename T>
 inline int64_t key_block_size(int64_t head_dim, int64_t l1_bytes) {
-  using Tr = SdpaTraits<T>;
   const int64_t keys = 2 * l1_bytes / (head_dim * int64_t(sizeof(T)));
-  return imax(Tr::kColTile, imin(512, keys / Tr::kColTile * Tr::kColTile));
+  return imax(kColTile<T>, imin(512, keys / kColTile<T> * kColTile<T>));
 }
 
 // Accumulator row width: head_dim_v rounded up to whole register-tile columns.
 template <typename T>
 inline int64_t padded_dv(int64_t head_dim_v) {
-  return round_up(imax(head_dim_v, 1), SdpaTraits<T>::kColTile);
+  return round_up(imax(head_dim_v, 1), kColTile<T>);
 }
-
-// Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
-// head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
-template <typename T>
-inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
-                      T* kt) {
-  constexpr int CT = SdpaTraits<T>::kColTile;
-  for (int64_t j = 0; j < ncols; ++j) {
-    T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
-    if (j < n) {
-      const T* kr = k + j * row_stride;
-      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
-    } else {
-      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
-    }
-  }
-}
-
-// Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns; the
-// last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
-// Returns whether every value of the block is finite: only then may P V multiply a zero
-// probability by a value (0 * inf = NaN otherwise).
-template <typename T>
-inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
-                        int64_t panel_rows, T* vp) {
-  using V = typename VecOf<T>::type;
-  constexpr int CT = SdpaTraits<T>::kColTile, L = SdpaTraits<T>::kLanes;
-  V bad = V{};  // NaN in a lane once an inf or NaN went through it
-  const int64_t whole = head_dim_v / CT * CT;
-  for (int64_t c = 0; c < whole; c += CT) {
-    T* dst = vp + (c / CT) * panel_rows * CT;
-    for (int64_t j = 0; j < n; ++j) {
-      const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
-      vstore(dst + j * CT, a);
-      vstore(dst + j * CT + L, b);
-      bad += (a - a) + (b - b);
-    }
-  }
-  T bad_tail = T(0);
-  if (whole < head_dim_v) {
-    T* dst = vp + (whole / CT) * panel_rows * CT;
-    const int64_t w = head_dim_v - whole;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* src = v + j * row_stride + whole;
-      T* d = dst + j * CT;
-      for (int64_t c = 0; c < w; ++c) {
-        d[c] = src[c];
-        bad_tail += src[c] - src[c];
-      }
-      for (int64_t c = w; c < CT; ++c) d[c] = T(0);
-    }
-  }
-  bool finite = bad_tail == T(0);
-  for (int lane = 0; lane < L; ++lane) finite = finite && bad[lane] == T(0);
-  return finite;
-}
-
-// s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
-// nrows is a multiple of kRowTile (rows are padded) and ncols of kColTile, so the
-// register tile needs no tail.
-template <typename T>
-inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
-                        int64_t nrows, int64_t ncols) {
-  using V = typename VecOf<T>::type;
-  using Tr = SdpaTraits<T>;
-  constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
-  for (int64_t r = 0; r < nrows; r += RT) {
-    for (int64_t c = 0; c < ncols; c += CT) {
-      const T* panel = kt + (c / CT) * head_dim * CT;
-      V acc[RT][2] = {};
-      for (int64_t e = 0; e < head_dim; ++e) {
-        const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
-        for (int rr = 0; rr < RT; ++rr) {
-          const T qv = q[(r + rr) * head_dim + e];
-          acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
-          acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
-        }
-      }
-      for (int rr = 0; rr < RT; ++rr) {
-        vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
-        vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
-      }
-    }
-  }
-}
-
-// s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
-// (decoding), where packing K^T would cost more than the scores themselves. L keys at a
-// time, reduced together; every key's dot product has the same order of operations.
-template <typename T>
-inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
-                          int64_t s_ld, int64_t nrows, int64_t n) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = SdpaTraits<T>::kLanes;
-  const int64_t e_whole = head_dim / L * L;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const T* qr = q + r * head_dim;
-    T* sr = s + r * s_ld;
-    int64_t j = 0;
-    if constexpr (L > 1) {
-      for (; j + L <= n; j += L) {
-        V acc[L];
-        for (int i = 0; i < L; ++i) acc[i] = V{};
-        for (int64_t e = 0; e < e_whole; e += L) {
-          const V qv = vload(qr + e);
-          for (int i = 0; i < L; ++i)
-            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
-        }
-        V dots = reduce_lanes_of<T>(acc);
-        for (int64_t e = e_whole; e < head_dim; ++e)
-          for (int i = 0; i < L; ++i)
-            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
-        vstore(sr + j, dots);
-      }
-    }
-    for (; j < n; ++j) {
-      const T* kr = k + j * k_row_stride;
-      V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
-      T dot = reduce_add<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
-      sr[j] = dot;
-    }
-  }
-}
-
-// The same for kRowTile rows at once, multiplying every probability (so only for a block
-// whose values are all finite), over the value panels (pack_values) and the padded width
-// dv_pad: no column tail, so every row of the tile runs the same vector code.
-template <typename T>
-inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
-                    int64_t dv_pad, T* acc, int64_t acc_ld) {
-  using V = typename VecOf<T>::type;
-  using Tr = SdpaTraits<T>;
-  constexpr int RT = Tr::kRowTile, L = Tr::kLanes, CT = Tr::kColTile;
-  for (int64_t c = 0; c < dv_pad; c += CT) {
-    const T* panel = vp + (c / CT) * panel_rows * CT;
-    V a[RT][2];
-    for (int rr = 0; rr < RT; ++rr) {
-      a[rr][0] = vload(acc + rr * acc_ld + c);
-      a[rr][1] = vload(acc + rr * acc_ld + c + L);
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
-      for (int rr = 0; rr < RT; ++rr) {
-        const T pj = p[rr * p_ld + j];
-        a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
-        a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
-      }
-    }
-    for (int rr = 0; rr < RT; ++rr) {
-      vstore(acc + rr * acc_ld + c, a[rr][0]);
-      vstore(acc + rr * acc_ld + c + L, a[rr][1]);
-    }
-  }
-}
-
-constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSubRows x kt_ld)
 
 // Per-thread scratch, pieces of the driver's arena reused by every task the thread runs.
 template <typename T>
@@ -221,7 +55,7 @@ struct SdpaScratch {
   T* l = nullptr;    // max_rows running row sum
 
   void layout(Arena& a, const SdpaParams& p, const Plan& plan) {
-    constexpr int RT = SdpaTraits<T>::kRowTile;
+    constexpr int RT = kRowTile;
     const int64_t max_rows = round_up(plan.max_rows, RT);
     const int64_t sub_rows = round_up(imin(kSubRows, plan.max_rows), RT);
     const int64_t E = imax(p.dim_q, 1), dv = padded_dv<T>(p.dim_v), kt_ld = plan.block_k;
@@ -243,16 +77,15 @@ template <typename T, bool kThin>
 void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
                   int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
                   const T* k_block, const T* v_block, bool* v_packed, bool* v_finite) {
-  using Tr = SdpaTraits<T>;
   using V = typename VecOf<T>::type;
-  constexpr int L = Tr::kLanes;
+  constexpr int L = kLanes<T>;
   constexpr T kNegInf = -T(__builtin_inf());
   const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
-  const int64_t ncols = round_up(n, Tr::kColTile);
+  const int64_t ncols = round_up(n, kColTile<T>);
   const int64_t nrows = r1 - r0;
-  const T* kt = sc.kt + (c0 / Tr::kColTile) * E * Tr::kColTile;
+  const T* kt = sc.kt + (c0 / kColTile<T>)*E * kColTile<T>;
   const T* vb = v_block + c0 * p.v.row_stride;
   // Scores, masks, m and the weights' scores stay in natural units, which keeps every
   // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
@@ -262,18 +95,18 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   const T log2e = T(kLog2e);
   // Padded to whole register tiles: every row goes through the same tile code whichever
   // rows share its tile, so its rounding does not depend on how rows fall into tasks.
-  const int64_t tile_rows = round_up(nrows, Tr::kRowTile);
+  const int64_t tile_rows = round_up(nrows, kRowTile);
 
   // Per register tile of rows, the width of columns it computes: up to the last column any
   // of its rows sees, in whole column tiles (on a causal diagonal the top rows see few
   // keys). Columns past a tile's width are neither scored nor multiplied.
-  constexpr int RT = Tr::kRowTile;
+  constexpr int RT = kRowTile;
   int64_t width[kSubRows / RT];
   for (int64_t t = 0; t < tile_rows / RT; ++t) {
     int64_t hi = 0;
     for (int64_t r = t * RT; r < imin(nrows, t * RT + RT); ++r)
       hi = imax(hi, imin(rows[r0 + r].hi - kb, n));
-    width[t] = kThin ? ncols : round_up(hi, Tr::kColTile);
+    width[t] = kThin ? ncols : round_up(hi, kColTile<T>);
   }
   if (kThin) {
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
@@ -355,7 +188,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   if (*v_finite) {
     for (int64_t r = 0; r < tile_rows; r += RT)
       if (width[r / RT] > 0)
-        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * Tr::kColTile, kt_ld,
+        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * kColTile<T>, kt_ld,
                 Eva, acc + r * Eva, Eva);
   } else {
     for (int64_t r = 0; r < nrows; ++r)
@@ -419,7 +252,7 @@ struct SdpaEngine {
         for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
     }
     // Rows up to the next whole register tile are padding: zero queries, never read back.
-    const int64_t tile_rows = round_up(nrows, SdpaTraits<T>::kRowTile);
+    const int64_t tile_rows = round_up(nrows, kRowTile);
     std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
     std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
   }
@@ -427,8 +260,7 @@ struct SdpaEngine {
   // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
   // of its rows see; K^T is packed once per block, V on first need.
   void block(const TaskView<T>& tv, int64_t kb, int64_t n) {
-    using Tr = SdpaTraits<T>;
-    const int64_t ncols = round_up(n, Tr::kColTile);
+    const int64_t ncols = round_up(n, kColTile<T>);
     const T* k = tv.refs.k + kb * p.k.row_stride;
     const T* v = tv.refs.v + kb * p.v.row_stride;
     bool packed = false, v_packed = false, v_finite = true;
@@ -448,7 +280,7 @@ struct SdpaEngine {
         pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
         packed = true;
       }
-      const int64_t c0 = (lo_min - kb) / Tr::kColTile * Tr::kColTile;
+      const int64_t c0 = (lo_min - kb) / kColTile<T> * kColTile<T>;
       attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, &v_packed,
                              &v_finite);
     }
@@ -536,7 +368,7 @@ bool sdpa_forward(const SdpaParams& p) {
     plan.block_q /= 2;
   plan_tasks(p, batch, &plan);
   // Thin: fewer rows than a register tile per task (decoding), no packing.
-  const bool thin = plan.heads * p.len_q < SdpaTraits<T>::kRowTile;
+  const bool thin = plan.heads * p.len_q < kRowTile;
   // Few tasks over long key ranges (decoding): split the keys.
   plan.key_splits = 1;
   plan.split_len = imax(p.len_k, 1);
@@ -569,7 +401,7 @@ bool sdpa_forward(const SdpaParams& p) {
 // The softmax's exp2 on an array (whole vectors, then one-lane tail), for the accuracy test.
 template <typename T>
 void exp2_array(const T* x, T* out, int64_t n) {
-  constexpr int L = SdpaTraits<T>::kLanes;
+  constexpr int L = kLanes<T>;
   int64_t i = 0;
   for (; i + L <= n; i += L) vstore(out + i, exp2_approx_vec<T>(vload(x + i)));
   for (; i < n; ++i) out[i] = exp2_approx(x[i]);

@@ -109,9 +109,12 @@ inline void vstore_partial(T* p, Vec<T> v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = v[i];
 }
 
+// x - 0, not 0 + x: x - 0 is x for every x (-0 included), so it compiles to a bare
+// broadcast; 0 + x turns -0 into +0, so the compiler must do that addition (a scalar add
+// before every broadcast in the multiply-add loops).
 template <typename T>
 inline Vec<T> vbroadcast(T x) {
-  return Vec<T>{} + x;
+  return x - Vec<T>{};
 }
 
 // Lanes whose bool byte at m is nonzero (kLanes bytes are read).
