@@ -416,7 +416,13 @@ def merge_states_args(outputs: object, lses: object) -> MergeArgs:
         raise ValueError(
             f"lses must hold one array per output: got {len(outs)} outputs and {len(ls)} lses"
         )
-    outs = [float_array(o, f"outputs[{i}]", min_ndim=2) for i, o in enumerate(outs)]
+    # float_array (and its message's name) only where the common case does not hold: a
+    # call's overhead is per part.
+    outs = [
+        o if type(o) is np.ndarray and o.dtype in _NATIVE_KERNEL_DTYPES and o.ndim >= 2
+        else float_array(o, f"outputs[{i}]", min_ndim=2)
+        for i, o in enumerate(outs)
+    ]
     shape = outs[0].shape
     for i, o in enumerate(outs):
         if o.shape != shape:
@@ -424,7 +430,11 @@ def merge_states_args(outputs: object, lses: object) -> MergeArgs:
                 f"outputs[{i}] has shape {o.shape} but outputs[0] has shape {shape}: every "
                 "part must have the same shape (parts do not broadcast)"
             )
-    ls = [float_array(x, f"lses[{i}]", min_ndim=0) for i, x in enumerate(ls)]
+    ls = [
+        x if type(x) is np.ndarray and x.dtype in _NATIVE_KERNEL_DTYPES
+        else float_array(x, f"lses[{i}]", min_ndim=0)
+        for i, x in enumerate(ls)
+    ]
     for i, x in enumerate(ls):
         if x.shape != shape[:-1]:
             raise ValueError(
