@@ -11,6 +11,7 @@ import pytest
 from conftest import attention_flops, engine_runner, numpy_sdpa  # bench/conftest.py
 
 import fastattn
+from fastattn.bench import numpy_merge_states
 
 try:
     import torch
@@ -104,3 +105,18 @@ def test_matmul_rate(record, benchmark):
     b = rng.standard_normal((2048, 2048), dtype=np.float32)
     out = record("numpy", 2.0 * 2048**3, np.matmul, a, b)
     assert out.shape == (2048, 2048)
+
+
+@pytest.mark.parametrize("impl", ["fastattn", "numpy"])
+def test_merge_attention_states(record, benchmark, impl):
+    """8 partial results of (B4, H32, Lq 512, Ev 128) float32: a memory-bound pass."""
+    benchmark.group = "merge_attention_states 8 parts of 4x32x512x128"
+    rng = np.random.default_rng(0)
+    outputs = [rng.standard_normal((4, 32, 512, 128), dtype=np.float32) for _ in range(8)]
+    lses = [rng.normal(0.0, 3.0, (4, 32, 512)).astype(np.float32) for _ in range(8)]
+    flops = 2.0 * sum(o.size for o in outputs)  # one multiply-add per part entry
+    fn = fastattn.merge_attention_states if impl == "fastattn" else numpy_merge_states
+    out, lse = record(impl, flops, fn, outputs, lses)
+    expected, expected_lse = fastattn.reference.merge_attention_states(outputs, lses)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)

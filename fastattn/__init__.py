@@ -23,7 +23,7 @@ from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
-from fastattn._sdpa import scaled_dot_product_attention
+from fastattn._sdpa import merge_attention_states, scaled_dot_product_attention
 from fastattn._threads import get_num_threads, set_num_threads
 
 __version__ = _core.version
@@ -36,6 +36,7 @@ __all__ = [
     "attention",
     "get_num_threads",
     "masked_softmax",
+    "merge_attention_states",
     "nadaraya_watson",
     "plot_attention",
     "scaled_dot_product_attention",

@@ -1,5 +1,7 @@
 """Type stubs of the compiled module (private: use the fastattn package)."""
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -31,6 +33,13 @@ def sdpa(
     diag_offset: int,
     window_left: int,
     window_right: int,
+    num_threads: int,
+) -> None: ...
+def merge_states(
+    outputs: Sequence[NDArray[np.floating]],
+    lses: Sequence[NDArray[np.floating]],
+    out: NDArray[np.floating],
+    lse: NDArray[np.floating],
     num_threads: int,
 ) -> None: ...
 

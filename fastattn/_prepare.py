@@ -46,7 +46,10 @@ def item_aligned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     copies only if needed."""
     if a.dtype != dtype:
         a = a.astype(dtype, order="K")
-    if any(s % a.itemsize for s in a.strides) or not a.flags.aligned:
+    flags = a.flags
+    if flags.c_contiguous and flags.aligned:  # the common case, without the strides loop
+        return a
+    if any(s % a.itemsize for s in a.strides) or not flags.aligned:
         a = a.copy(order="C")  # (np.ascontiguousarray may hand back an unaligned array)
     return a
 

@@ -1,6 +1,7 @@
-"""fastattn.scaled_dot_product_attention: checked by :mod:`fastattn._validation`, prepared
-and finished by :mod:`fastattn._prepare`, computed by the blocked kernel of
-:mod:`fastattn._core` (or on the GPU by :mod:`fastattn._cuda` for CuPy arrays)."""
+"""fastattn.scaled_dot_product_attention and merge_attention_states: checked by
+:mod:`fastattn._validation`, prepared and finished by :mod:`fastattn._prepare`, computed by
+the kernels of :mod:`fastattn._core` (attention also on the GPU by :mod:`fastattn._cuda` for
+CuPy arrays)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from fastattn._prepare import (
     attention_buffers,
     attention_masks,
     attention_result,
+    finish,
+    item_aligned,
     kernel_ready,
+    result_buffer,
     to_batch,
 )
-from fastattn._validation import check_flag, check_out, sdpa_args
+from fastattn._validation import check_flag, check_out, merge_states_args, sdpa_args
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from numpy.typing import ArrayLike, NDArray
 
 
@@ -133,3 +139,81 @@ def scaled_dot_product_attention(
                window_left=left, window_right=right, num_threads=threads)
 
     return attention_result(args, out, result, in_place, lse, weights)
+
+
+def merge_attention_states(
+    outputs: Sequence[ArrayLike],
+    lses: Sequence[ArrayLike],
+    *,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], NDArray[np.floating]]:
+    """Merge attention results over disjoint key sets into the attention over their union.
+
+    Part ``i`` is the attention of the same queries over the ``i``-th set of keys, with
+    its log-sum-exp ``lse_i`` (``scaled_dot_product_attention(..., return_lse=True)``).
+    Per row, ``lse = log(sum_i exp(lse_i))`` and ``out = sum_i exp(lse_i - lse) * out_i``:
+    exactly what one call over all the keys gives (up to rounding), so a long K/V can be
+    processed in chunks (a cache too big for memory, a Dask array, several machines).
+
+    Parameters
+    ----------
+    outputs : sequence of array_like, each of shape ``(..., Lq, Ev)``
+        The partial results, all of one shape (parts do not broadcast). float16, float32
+        or float64; mixed dtypes (lses included) promote with ``np.result_type``; float16
+        is computed in float32 and returned as float16. Any strides.
+    lses : sequence of array_like, each of shape ``(..., Lq)``
+        One log-sum-exp per part, in the same order.
+    out : ndarray, optional
+        Written with the merged output and returned; exact output shape and result dtype
+        required.
+    num_threads : int, optional
+        Threads for this call (default: :func:`fastattn.get_num_threads`).
+
+    A part whose ``lse`` is ``-inf`` (it saw no key of that row) contributes nothing and
+    its row is never read; a row where every part is ``-inf`` gives zeros and ``-inf``. A
+    NaN or ``+inf`` lse makes the row and its lse NaN; a NaN in the output row of a part
+    with a finite lse makes those entries NaN. Parts are summed in the order given, so the
+    result is bit-identical for any thread count. The GIL is released while computing.
+    CuPy arrays raise ``NotImplementedError``.
+
+    Returns
+    -------
+    (output, lse) : output of shape ``(..., Lq, Ev)`` in the result dtype, lse of shape
+    ``(..., Lq)`` in the compute dtype (float32 for float16 inputs).
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((4, 16, 8))
+    >>> k, v = rng.standard_normal((4, 100, 8)), rng.standard_normal((4, 100, 8))
+    >>> parts = [fastattn.scaled_dot_product_attention(q, k[:, s], v[:, s], return_lse=True)
+    ...          for s in (slice(0, 60), slice(60, 100))]
+    >>> out, lse = fastattn.merge_attention_states([o for o, _ in parts], [l for _, l in parts])
+    >>> full, full_lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+    >>> bool(np.allclose(out, full)), bool(np.allclose(lse, full_lse))
+    (True, True)
+    """
+    if _cuda.uses_gpu(out, *_gpu_candidates(outputs), *_gpu_candidates(lses)):
+        raise NotImplementedError(
+            "merge_attention_states does not run on CuPy arrays: pass NumPy arrays "
+            "(e.g. cupy.asnumpy)")
+    args = merge_states_args(outputs, lses)
+    threads = _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
+    dtype = args.compute_dtype
+    parts = [kernel_ready(o, dtype) for o in args.outputs]
+    part_lses = [item_aligned(x, dtype) for x in args.lses]
+    result, in_place = result_buffer(out, args.out_shape, dtype)
+    lse = np.empty(args.out_shape[:-1], dtype)
+    _core.merge_states(outputs=parts, lses=part_lses, out=result, lse=lse, num_threads=threads)
+    return finish(result, args.out_shape, args.result_dtype, out, in_place), lse
+
+
+def _gpu_candidates(parts: object) -> list:
+    """The arrays of a sequence argument, for the CuPy check (anything else: none)."""
+    if isinstance(parts, (list, tuple)):
+        return list(parts)
+    return [parts]

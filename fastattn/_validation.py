@@ -376,6 +376,76 @@ def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignm
 
 
 @dataclass
+class MergeArgs:
+    """A validated merge_attention_states call: the parts as given (not converted), all of
+    one shape ``(..., Lq, Ev)``, and their lses, each of shape ``(..., Lq)``."""
+
+    outputs: list
+    lses: list
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.outputs[0].shape
+
+    def named_inputs(self) -> dict:
+        """The parts by the names the errors use (for ``out=``'s overlap check)."""
+        named = {f"outputs[{i}]": o for i, o in enumerate(self.outputs)}
+        named.update({f"lses[{i}]": x for i, x in enumerate(self.lses)})
+        return named
+
+
+def _parts(parts: object, name: str) -> list:
+    """A non-empty sequence of arrays as a list (an ndarray counts as the sequence of its
+    sub-arrays along axis 0)."""
+    if isinstance(parts, (str, bytes, dict)) or not hasattr(parts, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of arrays, got {type(parts).__name__}")
+    items = list(parts)
+    if not items:
+        raise ValueError(f"{name} must hold at least one array, got an empty sequence")
+    return items
+
+
+def merge_states_args(outputs: object, lses: object) -> MergeArgs:
+    """Every part one shape ``(..., Lq, Ev)`` (no broadcasting between parts), one lse of
+    shape ``(..., Lq)`` per part, all floating point (mixed dtypes promote)."""
+    outs = _parts(outputs, "outputs")
+    ls = _parts(lses, "lses")
+    if len(ls) != len(outs):
+        raise ValueError(
+            f"lses must hold one array per output: got {len(outs)} outputs and {len(ls)} lses"
+        )
+    # float_array (and its message's name) only where the common case does not hold: a
+    # call's overhead is per part.
+    outs = [
+        o if type(o) is np.ndarray and o.dtype in _NATIVE_KERNEL_DTYPES and o.ndim >= 2
+        else float_array(o, f"outputs[{i}]", min_ndim=2)
+        for i, o in enumerate(outs)
+    ]
+    shape = outs[0].shape
+    for i, o in enumerate(outs):
+        if o.shape != shape:
+            raise ValueError(
+                f"outputs[{i}] has shape {o.shape} but outputs[0] has shape {shape}: every "
+                "part must have the same shape (parts do not broadcast)"
+            )
+    ls = [
+        x if type(x) is np.ndarray and x.dtype in _NATIVE_KERNEL_DTYPES
+        else float_array(x, f"lses[{i}]", min_ndim=0)
+        for i, x in enumerate(ls)
+    ]
+    for i, x in enumerate(ls):
+        if x.shape != shape[:-1]:
+            raise ValueError(
+                f"lses[{i}] must have shape {shape[:-1]} (the outputs' shape without the last "
+                f"axis), got {x.shape}"
+            )
+    result, compute = result_dtypes(*outs, *ls)
+    return MergeArgs(outs, ls, result, compute)
+
+
+@dataclass
 class AdditiveWeights:
     w_q: np.ndarray  # (Dq, hidden)
     w_k: np.ndarray  # (Dk, hidden)

@@ -25,6 +25,7 @@ from fastattn._validation import (
     head_valid_lens,
     layer_inputs,
     masked_softmax_args,
+    merge_states_args,
     projection_weights,
     regression_args,
     result_dtypes,
@@ -32,12 +33,15 @@ from fastattn._validation import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "additive_attention",
     "attention",
     "masked_softmax",
+    "merge_attention_states",
     "multi_head_attention",
     "nadaraya_watson",
     "scaled_dot_product_attention",
@@ -136,6 +140,46 @@ def scaled_dot_product_attention(
     if want_weights:
         extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype))
     return (output, *extras) if extras else output
+
+
+def merge_attention_states(
+    outputs: Sequence[ArrayLike],
+    lses: Sequence[ArrayLike],
+    *,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], NDArray[np.floating]]:
+    """NumPy twin of :func:`fastattn.merge_attention_states` (float64 inside).
+
+    Parts whose lse is -inf are left out of the sum (a NaN in their rows does not reach
+    the result); a NaN or +inf lse makes the row NaN (``e^(inf - inf)``).
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> out, lse = reference.merge_attention_states(
+    ...     [np.ones((1, 2)), np.zeros((1, 2))], [np.zeros(1), np.zeros(1)])
+    >>> out, lse.round(4)
+    (array([[0.5, 0.5]]), array([0.6931]))
+    """
+    args = merge_states_args(outputs, lses)
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
+    parts = np.stack([o.astype(np.float64) for o in args.outputs])  # (P, ..., Lq, Ev)
+    part_lses = np.stack([x.astype(np.float64) for x in args.lses])  # (P, ..., Lq)
+    row_max = part_lses.max(axis=0)  # NaN wins
+    saw_keys = part_lses != -np.inf
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        w = np.where(saw_keys, np.exp(part_lses - row_max), 0.0)
+        total = w.sum(axis=0)
+        empty = row_max == -np.inf
+        lse = np.where(empty, -np.inf, row_max + np.log(total))
+        terms = np.where(saw_keys[..., None], (w / total)[..., None] * parts, 0.0)
+    output = np.where(empty[..., None], 0.0, terms.sum(axis=0)).astype(args.result_dtype)
+    if out is not None:
+        np.copyto(out, output)
+        output = out
+    return output, lse.astype(args.compute_dtype)
 
 
 def masked_softmax(

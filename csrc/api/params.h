@@ -110,6 +110,20 @@ struct FamilyParams : AttnParams {
   StridedView bandwidth;
 };
 
+// merge_attention_states: num_parts partial results of the same query rows, each an output
+// (rows..., dim_v) with a unit-stride last axis and an lse (rows...), seen through row
+// strides per row axis; out (rows..., dim_v) and lse (rows...) are written.
+struct MergeStatesParams {
+  int64_t row_ndim = 0;
+  int64_t row_shape[kMaxRowDims] = {};
+  int64_t dim_v = 0;
+  int64_t num_parts = 0;
+  const RowsView* outputs = nullptr;  // num_parts views (col_stride 1)
+  const RowsView* lses = nullptr;     // num_parts views (col_stride unused)
+  RowsView out, lse;                  // written
+  int num_threads = 1;
+};
+
 // out[r, :] = x[r, :] @ w for r < rows: x rows with a row stride and unit column stride,
 // w C-contiguous (dim_in, dim_out), out C-contiguous (rows, dim_out).
 struct ProjectParams {

@@ -1,6 +1,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "api/merge_states.h"
 #include "api/sdpa.h"
 #include "bindings/array_ref.h"
 
@@ -42,6 +43,25 @@ void register_sdpa(py::module_& m) {
       py::arg("scale"), py::arg("softcap"), py::arg("causal"), py::arg("diag_offset"),
       py::arg("window_left"), py::arg("window_right"), py::arg("num_threads"),
       "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).");
+
+  m.def(
+      "merge_states",
+      [](const py::sequence& outputs, const py::sequence& lses, const py::object& out,
+         const py::object& lse, int num_threads) {
+        MergeStatesCall call;
+        for (const py::handle& a : outputs)
+          call.outputs.push_back(array_ref(py::reinterpret_borrow<py::object>(a), "outputs[i]"));
+        for (const py::handle& a : lses)
+          call.lses.push_back(array_ref(py::reinterpret_borrow<py::object>(a), "lses[i]"));
+        call.out = array_ref(out, "out");
+        call.lse = array_ref(lse, "lse");
+        call.num_threads = num_threads;
+        // The sequences (and so the arrays) stay referenced by the caller's frame.
+        py::gil_scoped_release release;
+        merge_attention_states(call);
+      },
+      py::arg("outputs"), py::arg("lses"), py::arg("out"), py::arg("lse"), py::arg("num_threads"),
+      "Merges partial attention states by log-sum-exp (see fastattn/_sdpa.py).");
 }
 
 }  // namespace fastattn

@@ -26,6 +26,8 @@ using FamilyFn = bool(const FamilyParams&);
 template <typename T>
 using ProjectFn = bool(const ProjectParams&);
 template <typename T>
+using MergeStatesFn = bool(const MergeStatesParams&);
+template <typename T>
 using FmaPeakFn = double(int num_threads, double seconds);
 template <typename T>
 using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
@@ -40,6 +42,7 @@ using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
   X(additive, project, ProjectFn)                            \
   X(select, select_attention, FamilyFn)                      \
   X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
+  X(merge_states, merge_states, MergeStatesFn)               \
   X(machine_limits, fma_peak, FmaPeakFn)                     \
   X(machine_limits, read_bandwidth, ReadBandwidthFn)
 

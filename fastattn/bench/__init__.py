@@ -17,6 +17,7 @@ from fastattn.bench._formulas import (
     causal_fraction,
     numpy_additive,
     numpy_masked_softmax,
+    numpy_merge_states,
     numpy_sdpa,
     numpy_softmax,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "measure",
     "numpy_additive",
     "numpy_masked_softmax",
+    "numpy_merge_states",
     "numpy_sdpa",
     "numpy_softmax",
 ]

@@ -16,6 +16,7 @@ from fastattn.bench._formulas import (
     attention_flops,
     numpy_additive,
     numpy_masked_softmax,
+    numpy_merge_states,
     numpy_sdpa,
 )
 
@@ -28,8 +29,9 @@ _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes pe
 @dataclass(frozen=True)
 class Case:
     """One shape. ``kind`` is ``"sdpa"`` (dims ``B, Hq, Hkv, Lq, Lk, E``), ``"additive"``
-    (``B, Lq, Lk, D, hidden``) or ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
-    batch entry). Cases of one ``series`` differ only in sequence length."""
+    (``B, Lq, Lk, D, hidden``), ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
+    batch entry) or ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention).
+    Cases of one ``series`` differ only in sequence length."""
 
     name: str
     kind: str
@@ -42,6 +44,8 @@ class Case:
     @property
     def seq_len(self) -> int:
         """The key sequence length: the x axis of the time-vs-length plot."""
+        if self.kind == "merge_states":
+            return self.dims[3]  # (no keys: the query rows)
         return self.dims[4] if self.kind == "sdpa" else self.dims[2]
 
     def matches(self, words: list[str]) -> bool:
@@ -53,7 +57,7 @@ class Case:
 
         SDPA: 4 B Hq Lq Lk E (QK^T and PV), times the kept fraction under a causal mask.
         additive: B Lq Lk (3 hidden + 2 Dv) (add, tanh, multiply-add; PV). masked softmax:
-        5 per element (max, subtract, exp, sum, divide).
+        5 per element (max, subtract, exp, sum, divide). merge: one multiply-add per part entry.
         """
         if self.kind == "sdpa":
             b, hq, hkv, lq, lk, e = self.dims
@@ -62,6 +66,8 @@ class Case:
         if self.kind == "additive":
             b, lq, lk, d, hidden = self.dims
             return b * lq * lk * (3.0 * hidden + 2.0 * d)
+        if self.kind == "merge_states":
+            return 2.0 * float(np.prod(self.dims))
         return 5.0 * float(np.prod(self.dims))
 
     @property
@@ -71,17 +77,21 @@ class Case:
         softmax: a few flops per element), None where the flop count is nominal (additive)."""
         if self.kind == "sdpa":
             return "memory" if self.dims[3] == 1 else "compute"
-        return "memory" if self.kind == "masked_softmax" else None
+        return "memory" if self.kind in ("masked_softmax", "merge_states") else None
 
     def bytes(self, dtype: str) -> float:
         """Bytes one call must move at least: every input read and the output written once
-        (SDPA: Q, K, V and the output; masked softmax: the scores and the probabilities)."""
+        (SDPA: Q, K, V and the output; masked softmax: the scores and the probabilities;
+        merge: every part and its lse, and the merged output and lse)."""
         size = np.dtype(dtype).itemsize
         if self.kind == "sdpa":
             b, hq, hkv, lq, lk, e = self.dims
             return float(size * b * (2 * hq * lq * e + 2 * hkv * lk * e))
         if self.kind == "masked_softmax":
             return float(size * 2 * np.prod(self.dims))
+        if self.kind == "merge_states":
+            parts, b, h, lq, ev = self.dims
+            return float(size * (parts + 1) * b * h * lq * (ev + 1))
         b, lq, lk, d, hidden = self.dims
         return float(size * b * (lq + 2 * lk) * d)
 
@@ -140,6 +150,13 @@ def grid(preset: str) -> list[Case]:
         Case(f"masked_softmax {32 if quick else 64}x512x512 valid_lens", "masked_softmax",
              (32 if quick else 64, 512, 512), tags=("masked-softmax", "d2l"),
              dtypes=f32 if quick else DTYPES),
+        Case(
+            f"merge_attention_states 8 parts of {1 if quick else 4}x32x512x128",
+            "merge_states",
+            (8, 1 if quick else 4, 32, 512, 128),
+            tags=("merge", "chunked"),
+            dtypes=f32 if quick else DTYPES,
+        ),
     ]
     if full:
         cases += [
@@ -265,6 +282,8 @@ def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0,
         _build_additive(work, rng, dt)
     elif case.kind == "masked_softmax":
         _build_masked_softmax(work, rng, dt)
+    elif case.kind == "merge_states":
+        _build_merge_states(work, rng, dt)
     else:
         raise ValueError(f"unknown case kind {case.kind!r}")
     work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}
@@ -350,5 +369,23 @@ def _build_masked_softmax(work: Workload, rng, dt) -> None:
         m = max(1, min(b, _REFERENCE_ELEMENTS // (lq * lk)))
         expected = fastattn.reference.masked_softmax(x[:m].astype(np.float64), valid_lens[:m])
         return expected, lambda out: out[:m]
+
+    work.reference = reference
+
+
+def _build_merge_states(work: Workload, rng, dt) -> None:
+    parts, b, h, lq, ev = work.case.dims
+    outputs = _rng_arrays(rng, dt, *[(b, h, lq, ev)] * parts)
+    lses = [(3.0 * a).astype(dt) for a in _rng_arrays(rng, dt, *[(b, h, lq)] * parts)]
+    work.candidates["fastattn"] = lambda: fastattn.merge_attention_states(outputs, lses)[0]
+    work.candidates["numpy"] = lambda: numpy_merge_states(outputs, lses)[0]
+
+    def reference():
+        # The first heads of the first batch entry.
+        head = (slice(0, 1), slice(0, max(1, min(h, _REFERENCE_ELEMENTS // (parts * lq * ev)))))
+        expected, _ = fastattn.reference.merge_attention_states(
+            [o[head].astype(np.float64) for o in outputs],
+            [x[head].astype(np.float64) for x in lses])
+        return expected, lambda out: out[head]
 
     work.reference = reference

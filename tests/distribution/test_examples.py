@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+import fastattn
+
 from helpers import REPO
 
 EXAMPLES = REPO / "examples"
@@ -22,7 +24,11 @@ SCRIPTS = {
 SCRIPTS.update(
     {
         name: name.replace(".py", ".png")
-        for name in ["nadaraya_watson_kernels.py", "multihead_attention_weights.py"]
+        for name in [
+            "nadaraya_watson_kernels.py",
+            "multihead_attention_weights.py",
+            "chunked_long_context.py",
+        ]
     }
 )
 
@@ -98,3 +104,20 @@ def test_multihead_example_heads_do_their_jobs():
     assert (w.argmax(-1)[2] == 0).all()  # first token
     assert (w.argmax(-1)[3] == rows).all()  # local
     assert np.allclose(np.triu(w, 1), 0)  # causal
+
+
+def test_chunked_example_matches_one_shot(tmp_path):
+    """Chunk by chunk from the memmaps, merged: the one-shot result, and each query draws
+    most of its attention from the chunk holding its needle."""
+    ex = load_example("chunked_long_context")
+    rng = np.random.default_rng(0)
+    queries, needles = ex.make_queries_and_needles(rng)
+    keys, values = ex.write_context(tmp_path, ex.context_chunks(rng, queries, needles))
+    out, lse, chunk_lses = ex.chunked_attention(queries, keys, values)
+    full, full_lse = fastattn.scaled_dot_product_attention(
+        queries, np.asarray(keys), np.asarray(values), is_causal=True,
+        causal_alignment="bottom_right", return_lse=True)
+    np.testing.assert_allclose(out, full, atol=2e-5)  # float32, both rounded
+    np.testing.assert_allclose(lse, full_lse, rtol=1e-6)
+    share = np.exp(chunk_lses - lse)
+    assert (share.argmax(axis=0) == needles // ex.CHUNK).all()

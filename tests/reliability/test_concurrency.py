@@ -49,6 +49,10 @@ def calls():
     y = rng.standard_normal((300, 3))
     layer = fastattn.MultiHeadAttention(32, 4, num_kv_heads=2, seed=3)
     seq = rng.standard_normal((2, 21, 32), dtype=np.float32)
+    parts = list(rng.standard_normal((5, 2, 4, 33, 40), dtype=np.float32))
+    part_lses = list(
+        np.where(rng.random((5, 2, 4, 33)) < 0.2, -np.inf, rng.normal(0, 5, (5, 2, 4, 33)))
+    )
     return {
         "sdpa": lambda n: fastattn.scaled_dot_product_attention(
             q, k, v, mask, valid_lens=vl, return_lse=True, return_weights=True, num_threads=n
@@ -88,6 +92,9 @@ def calls():
         ),
         "nadaraya_watson-epanechnikov": lambda n: fastattn.nadaraya_watson(
             xq, xk, y, kernel="epanechnikov", bandwidth="silverman", num_threads=n
+        ),
+        "merge_attention_states": lambda n: fastattn.merge_attention_states(
+            parts, part_lses, num_threads=n
         ),
         "MultiHeadAttention": lambda n: layer(
             seq, is_causal=True, need_weights=True, num_threads=n
