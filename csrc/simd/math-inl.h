@@ -41,6 +41,31 @@ inline T select(bool c, T a, T b) {
   return c ? a : b;
 }
 
+// 1 / k!, exactly as the double 1.0 / (k!) (k! is exact in a double up to 18!).
+constexpr double inv_factorial(int k) {
+  double f = 1;
+  for (int i = 2; i <= k; ++i) f *= i;
+  return 1.0 / f;
+}
+
+// sum_{k=First}^{Last} x^(k-First) / k! by Horner's rule from the highest term, one vfma per
+// term: the Taylor polynomials of e^x (First = 0) and of (e^x - 1) / x (First = 1).
+template <typename T, int K, int First, typename V>
+inline V taylor_horner(V poly, V x) {
+  if constexpr (K < First) {
+    return poly;
+  } else {
+    constexpr T c = T(inv_factorial(K));
+    return taylor_horner<T, K - 1, First>(vfma(poly, x, V{} + c), x);
+  }
+}
+
+template <typename T, int First, int Last, typename V>
+inline V taylor_poly(V x) {
+  constexpr T top = T(inv_factorial(Last));
+  return taylor_horner<T, Last - 1, First>(V{} + top, x);
+}
+
 // e^x with x = n ln2 + r, |r| <= ln2/2, and a Taylor polynomial for e^r: degree 7 for
 // float (truncation 5e-9, ~1 ulp) and 13 for double (4e-18). Returns 0 for x < kMin
 // (so e^-inf = 0), NaN for NaN. Accurate to a few ulp on [kMin, kMax].
@@ -55,32 +80,7 @@ inline T exp_approx(T x) {
   xc = select(x != x, T(0), xc);  // keep the integer conversion below defined for NaN
   const T n = vfma(xc, kLog2e, Tr::kRound) - Tr::kRound;
   const T r = vfma(-n, T(Tr::kLn2Lo), vfma(-n, T(Tr::kLn2Hi), xc));
-  T poly;
-  if constexpr (sizeof(T) == 4) {
-    poly = T(1.0 / 5040);
-    poly = vfma(poly, r, V{} + T(1.0 / 720));
-    poly = vfma(poly, r, V{} + T(1.0 / 120));
-    poly = vfma(poly, r, V{} + T(1.0 / 24));
-    poly = vfma(poly, r, V{} + T(1.0 / 6));
-    poly = vfma(poly, r, V{} + T(0.5));
-    poly = vfma(poly, r, V{} + T(1));
-    poly = vfma(poly, r, V{} + T(1));
-  } else {
-    poly = T(1.0 / 6227020800.0);
-    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
-    poly = vfma(poly, r, V{} + T(0.5));
-    poly = vfma(poly, r, V{} + T(1));
-    poly = vfma(poly, r, V{} + T(1));
-  }
+  const V poly = sizeof(T) == 4 ? taylor_poly<T, 0, 7>(r) : taylor_poly<T, 0, 13>(r);
   const Bits e = (static_cast<Bits>(n) + Tr::kBias) << Tr::kMantissa;
   const T result = poly * __builtin_bit_cast(T, e);
   return select(x < Tr::kMin, T(0), select(x != x, x, result));
@@ -99,32 +99,7 @@ inline V exp_approx_vec(V x) {
   xc = x != x ? zero : xc;
   const V n = vfma(xc, V{} + kLog2e, V{} + Tr::kRound) - Tr::kRound;
   const V r = vfma(-n, V{} + Tr::kLn2Lo, vfma(-n, V{} + Tr::kLn2Hi, xc));
-  V poly;
-  if constexpr (sizeof(T) == 4) {
-    poly = zero + T(1.0 / 5040);
-    poly = vfma(poly, r, V{} + T(1.0 / 720));
-    poly = vfma(poly, r, V{} + T(1.0 / 120));
-    poly = vfma(poly, r, V{} + T(1.0 / 24));
-    poly = vfma(poly, r, V{} + T(1.0 / 6));
-    poly = vfma(poly, r, V{} + T(0.5));
-    poly = vfma(poly, r, V{} + T(1));
-    poly = vfma(poly, r, V{} + T(1));
-  } else {
-    poly = zero + T(1.0 / 6227020800.0);
-    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
-    poly = vfma(poly, r, V{} + T(0.5));
-    poly = vfma(poly, r, V{} + T(1));
-    poly = vfma(poly, r, V{} + T(1));
-  }
+  const V poly = sizeof(T) == 4 ? taylor_poly<T, 0, 7>(r) : taylor_poly<T, 0, 13>(r);
   const BitsV e = (__builtin_convertvector(n, BitsV) + Tr::kBias) << Tr::kMantissa;
   const V result = poly * (V)e;  // GCC vector cast: reinterprets the bits
   const V out = x != x ? x : result;
@@ -162,21 +137,7 @@ inline V exp2_poly(V f) {
     poly = vfma(poly, f, V{} + T(0.6931472067028333));
     poly = vfma(poly, f, V{} + T(1.0));
   } else {
-    const V r = f * T(0.69314718055994530942);
-    poly = V{} + T(1.0 / 6227020800.0);
-    poly = vfma(poly, r, V{} + T(1.0 / 479001600.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 39916800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 3628800.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 362880.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 40320.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 5040.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 720.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 120.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 24.0));
-    poly = vfma(poly, r, V{} + T(1.0 / 6.0));
-    poly = vfma(poly, r, V{} + T(0.5));
-    poly = vfma(poly, r, V{} + T(1));
-    poly = vfma(poly, r, V{} + T(1));
+    poly = taylor_poly<T, 0, 13>(f * T(0.69314718055994530942));
   }
   return poly;
 }
@@ -213,32 +174,7 @@ inline T exp2_approx(T x) {
 template <typename T, typename V>
 inline V expm1_approx_vec(V y) {
   const V zero = V{};
-  V poly;
-  if constexpr (sizeof(T) == 4) {
-    poly = zero + T(1.0 / 40320);
-    poly = vfma(poly, y, V{} + T(1.0 / 5040));
-    poly = vfma(poly, y, V{} + T(1.0 / 720));
-    poly = vfma(poly, y, V{} + T(1.0 / 120));
-    poly = vfma(poly, y, V{} + T(1.0 / 24));
-    poly = vfma(poly, y, V{} + T(1.0 / 6));
-    poly = vfma(poly, y, V{} + T(0.5));
-    poly = vfma(poly, y, V{} + T(1));
-  } else {
-    poly = zero + T(1.0 / 87178291200.0);
-    poly = vfma(poly, y, V{} + T(1.0 / 6227020800.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 479001600.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 39916800.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 3628800.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 362880.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 40320.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 5040.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 720.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 120.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 24.0));
-    poly = vfma(poly, y, V{} + T(1.0 / 6.0));
-    poly = vfma(poly, y, V{} + T(0.5));
-    poly = vfma(poly, y, V{} + T(1));
-  }
+  const V poly = sizeof(T) == 4 ? taylor_poly<T, 1, 8>(y) : taylor_poly<T, 1, 14>(y);
   const V small = y * poly;
   const V ay = y < zero ? -y : y;
   return ay <= T(0.34657359027997264) ? small : exp_approx_vec<T>(y) - T(1);
