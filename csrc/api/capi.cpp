@@ -18,14 +18,15 @@ namespace {
   throw std::invalid_argument(std::string("fastattn C API ") + fn + ": " + what);
 }
 
-// A C tensor of shape n[0..ndim) as an ArrayRef (byte strides), after the checks the
+// A C tensor (its first ndim axes) as an ArrayRef (byte strides), after the checks the
 // Python layer's arrays get for free from NumPy: a pointer where data is read, strides >= 0,
 // alignment, and every element the shapes and strides reach inside the stated extent.
 // An absent optional tensor (data NULL) stays absent. Axes of length <= 1 are never
-// stepped along: their strides are ignored.
-ArrayRef tensor_ref(const char* fn, const char* name, const fastattn_tensor& t, int ndim, char kind,
-                    int64_t itemsize, bool required, bool written) {
-  ArrayRef r;
+// stepped along: their strides are ignored. Fills r in place, so that a reused ArrayRef
+// keeps its vectors' storage (see per_thread below).
+void tensor_ref(const char* fn, const char* name, const fastattn_tensor& t, int ndim, char kind,
+                int64_t itemsize, bool required, bool written, ArrayRef& r) {
+  r.given = false;
   const int64_t* n = t.shape;
   bool empty = false;
   for (int d = 0; d < ndim; ++d) {
@@ -34,7 +35,7 @@ ArrayRef tensor_ref(const char* fn, const char* name, const fastattn_tensor& t, 
   }
   if (t.data == nullptr) {
     if (required && !empty) capi_fail(fn, std::string(name) + " is NULL");
-    if (!required) return r;
+    if (!required) return;
   }
   int64_t reach = 0;  // the largest element offset any index reaches
   for (int d = 0; d < ndim && !empty; ++d) {
@@ -59,7 +60,14 @@ ArrayRef tensor_ref(const char* fn, const char* name, const fastattn_tensor& t, 
   r.shape.assign(n, n + ndim);
   r.strides.resize(ndim);
   for (int d = 0; d < ndim; ++d) r.strides[d] = n[d] <= 1 ? 0 : t.strides[d] * itemsize;
-  return r;
+}
+
+// The engine's call structs hold their shapes in std::vectors: one call struct per thread,
+// reused, allocates them once instead of on every call (a few hundred ns of a ~1 us call).
+template <class Call>
+Call& per_thread() {
+  thread_local Call call;
+  return call;
 }
 
 int64_t dtype_itemsize(const char* fn, int32_t dtype) {
@@ -85,16 +93,17 @@ void sdpa(const fastattn_sdpa_args* args) {
   const char* fn = "sdpa";
   const fastattn_sdpa_args a = read_args(fn, args, sizeof(fastattn_sdpa_args));
   const int64_t itemsize = dtype_itemsize(fn, a.dtype);
-  SdpaCall c;
+  SdpaCall& c = per_thread<SdpaCall>();
   // Shapes agree or not: the engine's one entry check (check_attention) says.
-  c.query = tensor_ref(fn, "q", a.q, 4, 'f', itemsize, true, false);
-  c.key = tensor_ref(fn, "k", a.k, 4, 'f', itemsize, true, false);
-  c.value = tensor_ref(fn, "v", a.v, 4, 'f', itemsize, true, false);
-  c.out = tensor_ref(fn, "out", a.out, 4, 'f', itemsize, true, true);
-  c.bool_mask = tensor_ref(fn, "bool_mask", a.bool_mask, 4, 'b', 1, false, false);
-  c.float_mask = tensor_ref(fn, "float_mask", a.float_mask, 4, 'f', itemsize, false, false);
-  c.valid_lens = tensor_ref(fn, "valid_lens", a.valid_lens, 3, 'i', 8, false, false);
-  c.lse = tensor_ref(fn, "lse", a.lse, 3, 'f', itemsize, false, true);
+  tensor_ref(fn, "q", a.q, 4, 'f', itemsize, true, false, c.query);
+  tensor_ref(fn, "k", a.k, 4, 'f', itemsize, true, false, c.key);
+  tensor_ref(fn, "v", a.v, 4, 'f', itemsize, true, false, c.value);
+  tensor_ref(fn, "out", a.out, 4, 'f', itemsize, true, true, c.out);
+  tensor_ref(fn, "bool_mask", a.bool_mask, 4, 'b', 1, false, false, c.bool_mask);
+  tensor_ref(fn, "float_mask", a.float_mask, 4, 'f', itemsize, false, false, c.float_mask);
+  tensor_ref(fn, "valid_lens", a.valid_lens, 3, 'i', 8, false, false, c.valid_lens);
+  tensor_ref(fn, "lse", a.lse, 3, 'f', itemsize, false, true, c.lse);
+  c.weights.given = false;  // the C API returns no weights
   c.scale = a.scale;
   c.softcap = a.softcap;
   c.causal = a.causal != 0;
@@ -109,11 +118,11 @@ void masked_softmax(const fastattn_masked_softmax_args* args) {
   const char* fn = "masked_softmax";
   const fastattn_masked_softmax_args a = read_args(fn, args, sizeof(fastattn_masked_softmax_args));
   const int64_t itemsize = dtype_itemsize(fn, a.dtype);
-  MaskedSoftmaxCall c;
-  c.x = tensor_ref(fn, "x", a.x, 4, 'f', itemsize, true, false);
-  c.out = tensor_ref(fn, "out", a.out, 4, 'f', itemsize, true, true);
-  c.mask = tensor_ref(fn, "mask", a.mask, 4, 'b', 1, false, false);
-  c.valid_lens = tensor_ref(fn, "valid_lens", a.valid_lens, 3, 'i', 8, false, false);
+  MaskedSoftmaxCall& c = per_thread<MaskedSoftmaxCall>();
+  tensor_ref(fn, "x", a.x, 4, 'f', itemsize, true, false, c.x);
+  tensor_ref(fn, "out", a.out, 4, 'f', itemsize, true, true, c.out);
+  tensor_ref(fn, "mask", a.mask, 4, 'b', 1, false, false, c.mask);
+  tensor_ref(fn, "valid_lens", a.valid_lens, 3, 'i', 8, false, false, c.valid_lens);
   c.num_threads = a.num_threads;
   fastattn::masked_softmax(c);
 }

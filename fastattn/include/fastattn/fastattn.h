@@ -16,7 +16,7 @@
  * Layout: tensors are 4-D (batch, heads, rows, columns) with int64 ELEMENT strides, which
  * must be >= 0 (0 broadcasts); q/k/v/out need a unit-stride last axis, lse is C-contiguous.
  * Every tensor also says how many elements its buffer holds from its data pointer
- * (`*_extent`); a call whose shapes and strides would step outside a buffer is refused, as
+ * (its `extent`); a call whose shapes and strides would step outside a buffer is refused, as
  * is any other broken invariant (null required pointer, negative size, misaligned pointer,
  * wrong shape): the function returns a nonzero status and writes a message into `msg`,
  * and touches no data. Results are the same bits as the Python API's for the same inputs.
@@ -69,7 +69,7 @@ typedef struct fastattn_tensor {
  * j <= d and d - window_left <= j <= d + window_right (-1 = unbounded side);
  * diag_offset = 0 is top-left alignment, len_k - len_q bottom-right.
  * softcap > 0 caps scores as softcap * tanh(s / softcap) (0 = none). num_threads >= 1.
- * A row that sees no key gets NaN (semantics as the Python API). */
+ * A row that sees no key gets output 0 and lse -inf (docs/semantics.md, as in Python). */
 typedef struct fastattn_sdpa_args {
   size_t struct_size; /* sizeof(fastattn_sdpa_args) */
   int32_t dtype;      /* FASTATTN_FLOAT32 or FASTATTN_FLOAT64 */
@@ -118,7 +118,7 @@ typedef struct fastattn_capi {
 #if defined(Py_PYTHON_H) && !defined(FASTATTN_NO_IMPORT)
 static const fastattn_capi* fastattn_api_table = NULL;
 
-static int fastattn_import(void) {
+static inline int fastattn_import(void) {
   const fastattn_capi* api;
   if (fastattn_api_table != NULL) return 0;
   api = (const fastattn_capi*)PyCapsule_Import(FASTATTN_CAPI_CAPSULE, 0);
