@@ -28,12 +28,36 @@ from fastattn._threads import get_num_threads, set_num_threads
 
 __version__ = _core.version
 
+
+def get_include() -> str:
+    """The folder holding ``fastattn/fastattn.h``, the header of fastattn's C API.
+
+    Add it to the include path of C, C++ or Cython code that calls fastattn without the
+    interpreter (as ``numpy.get_include()``); ``fastattn/capi.pxd`` is in the package for
+    ``cimport``, and :mod:`fastattn.capi` reaches the same functions from ctypes and Numba.
+
+    Returns
+    -------
+    str
+        An absolute path.
+
+    Examples
+    --------
+    >>> import os
+    >>> import fastattn
+    >>> os.path.isfile(os.path.join(fastattn.get_include(), "fastattn", "fastattn.h"))
+    True
+    """
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
+
+
 __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "__version__",
     "additive_attention",
     "attention",
+    "get_include",
     "get_num_threads",
     "masked_softmax",
     "merge_attention_states",

@@ -8,6 +8,8 @@ from numpy.typing import NDArray
 version: str
 compiler: str
 openmp_version: int
+# The C API's function table (a PyCapsule named "fastattn._core._C_API"; see fastattn.capi).
+_C_API: object
 
 def available_isas() -> list[str]: ...
 def compiled_isas() -> list[str]: ...

@@ -6,6 +6,7 @@ namespace fastattn {
 void register_sdpa(pybind11::module_& m);
 void register_config(pybind11::module_& m);
 void register_family(pybind11::module_& m);
+void register_capi(pybind11::module_& m);
 }  // namespace fastattn
 
 PYBIND11_MODULE(_core, m) {
@@ -13,4 +14,5 @@ PYBIND11_MODULE(_core, m) {
   fastattn::register_config(m);
   fastattn::register_sdpa(m);
   fastattn::register_family(m);
+  fastattn::register_capi(m);
 }

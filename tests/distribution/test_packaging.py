@@ -82,9 +82,14 @@ def test_wheel_installs_into_a_fresh_venv_and_passes_the_smoke_test(tmp_path):
         "fastattn/reference.py",
         "fastattn/bench/__main__.py",
         "fastattn/_core.pyi",
+        "fastattn/include/fastattn/fastattn.h",  # the C API (fastattn.get_include())
+        "fastattn/capi.pxd",
     ):
         assert needed in names
-    assert not [n for n in names if n.endswith((".cpp", ".h", ".o")) or n.startswith("tests/")]
+    # Sources stay out, but for the C API's header (the only header shipped).
+    sources = [n for n in names if n.endswith((".cpp", ".h", ".o"))]
+    assert sources == ["fastattn/include/fastattn/fastattn.h"], sources
+    assert not [n for n in names if n.startswith("tests/")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
