@@ -45,6 +45,26 @@ def merge_states(
     num_threads: int,
 ) -> None: ...
 
+# The fast path of scaled_dot_product_attention (see fastattn/_sdpa.py): the public
+# function's own arguments; the result, or None where the full path must run.
+def sdpa_fast(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object,
+    valid_lens: object,
+    is_causal: object,
+    causal_alignment: object,
+    window: object,
+    scale: object,
+    softcap: object,
+    return_lse: object,
+    return_weights: object,
+    out: object,
+    num_threads: object,
+) -> NDArray[np.floating] | None: ...
+def set_thread_defaults(setting: int, cap: int, cpus: int, forked: bool) -> None: ...
+
 # The attention family (csrc/bindings/register_family.cpp; see fastattn/_family.py).
 def masked_softmax(
     x: NDArray[np.floating],

@@ -5,6 +5,7 @@ CuPy arrays)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from numpy.typing import ArrayLike, NDArray
+
+# The fast path (csrc/bindings/register_sdpa.cpp: sdpa_fast) takes the common call:
+# NumPy arrays of one float dtype, no masks, out= or extra results. It shares the core's
+# entry check with the full path below and declines (returns None) anything that check
+# or its argument forms do not accept, so every error comes from the full path.
+# FASTATTN_FAST_PATH=0 turns it off (the tests run both paths).
+_fast_path = os.environ.get("FASTATTN_FAST_PATH", "1") != "0"
 
 
 def scaled_dot_product_attention(
@@ -108,6 +116,15 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
+    if _fast_path:
+        # The common call, checked and computed by the core; None: take the full path.
+        result = _core.sdpa_fast(
+            query=query, key=key, value=value, attn_mask=attn_mask, valid_lens=valid_lens,
+            is_causal=is_causal, causal_alignment=causal_alignment, window=window,
+            scale=scale, softcap=softcap, return_lse=return_lse,
+            return_weights=return_weights, out=out, num_threads=num_threads)
+        if result is not None:
+            return result
     if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
         return _cuda.scaled_dot_product_attention(
             query, key, value, attn_mask, valid_lens=valid_lens, is_causal=is_causal,

@@ -88,6 +88,7 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
         with _lock:
             self._previous = _setting
             _setting = value
+            _push_defaults()
 
     def __enter__(self) -> set_num_threads:
         return self
@@ -96,6 +97,7 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
         global _setting
         with _lock:
             _setting = self._previous
+            _push_defaults()
 
 
 # At most 4 threads per CPU: more only costs, and an unbounded count can exhaust the
@@ -111,10 +113,21 @@ def _after_fork_in_child() -> None:
     # hang. The child runs single-threaded instead (results do not depend on thread count).
     global _forked_child
     _forked_child = True
+    _push_defaults()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _push_defaults() -> None:
+    """Tell the core's fast path (which resolves a call's count without Python) this
+    module's state: the setting, the cap, the CPUs and whether this is a forked child."""
+    _core.set_thread_defaults(setting=_setting or 0, cap=_CAP, cpus=_available_cpus(),
+                              forked=_forked_child)
+
+
+_push_defaults()
 
 
 def resolve(num_threads: int | None) -> int:

@@ -1,6 +1,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "api/merge_states.h"
 #include "api/sdpa.h"
 #include "bindings/array_ref.h"
@@ -8,6 +15,228 @@
 namespace py = pybind11;
 
 namespace fastattn {
+
+// ---------------------------------------------------------------------------------------
+// The fast path of fastattn.scaled_dot_product_attention (see fastattn/_sdpa.py): the
+// common call (NumPy arrays of float32 or float64, the usual options) checked here by the
+// same check_attention the full path ends in, computed, and returned; None for anything
+// else, so the full Python path runs and raises its own messages. It never raises for a
+// call it declines.
+
+namespace {
+
+// The thread count a call without num_threads= gets, mirroring fastattn/_threads.py: its
+// setting (pushed by set_thread_defaults), else the environment, else the CPUs. The
+// environment is read with getenv on each call and parsed again only when it changed.
+struct ThreadDefaults {
+  int setting = 0;  // set_num_threads(); 0 = follow the environment
+  int cap = 1;      // at most 4 threads per CPU
+  int cpus = 1;     // CPUs this process may run on
+  bool forked = false;
+  // The last environment parsed: FASTATTN_NUM_THREADS and OMP_NUM_THREADS (null if
+  // unset), and the count they gave (-1: a form left to the Python parser).
+  bool seen = false, set_fa = false, set_omp = false;
+  std::string fa, omp;
+  int parsed = -1;
+};
+ThreadDefaults g_threads;  // read and written with the GIL held
+
+// The count one environment value gives, or 0 when it is empty (look further), or -1 for
+// a form this parser leaves to Python's (which accepts more, or raises).
+int parse_threads(const char* raw) {
+  const char* s = raw;
+  while (*s == ' ' || *s == '\t') ++s;
+  if (*s == '\0') return 0;
+  int64_t n = 0;
+  int digits = 0;
+  for (; *s >= '0' && *s <= '9'; ++s) {
+    if (++digits > 9) return -1;
+    n = n * 10 + (*s - '0');
+  }
+  while (*s == ' ' || *s == '\t') ++s;
+  if (digits == 0 || n < 1 || (*s != '\0' && *s != ',')) return -1;
+  return int(n);
+}
+
+int environment_threads() {
+  ThreadDefaults& t = g_threads;
+  const char* fa = std::getenv("FASTATTN_NUM_THREADS");
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (!(t.seen && t.set_fa == (fa != nullptr) && t.set_omp == (omp != nullptr) &&
+        (!fa || t.fa == fa) && (!omp || t.omp == omp))) {
+    t.seen = true;
+    t.set_fa = fa != nullptr;
+    t.set_omp = omp != nullptr;
+    t.fa = fa ? fa : "";
+    t.omp = omp ? omp : "";
+    t.parsed = 0;
+    for (const char* raw : {fa, omp}) {
+      if (!raw) continue;
+      t.parsed = parse_threads(raw);
+      if (t.parsed != 0) break;
+    }
+    if (t.parsed == 0) t.parsed = t.cpus;
+  }
+  return t.parsed;
+}
+
+// The resolved count (as _threads.resolve), or -1 to decline.
+int resolve_threads(PyObject* num_threads) {
+  int n;
+  if (num_threads == Py_None) {
+    n = g_threads.setting > 0 ? g_threads.setting : environment_threads();
+  } else {
+    if (!PyLong_CheckExact(num_threads)) return -1;  // bools and the like: Python's rules
+    const long v = PyLong_AsLong(num_threads);
+    if (v < 1 || v > (1L << 30)) {
+      PyErr_Clear();
+      return -1;
+    }
+    n = int(v);
+  }
+  if (n < 1) return -1;
+  return g_threads.forked ? 1 : std::min(n, g_threads.cap);
+}
+
+enum FastArg {
+  kQuery,
+  kKey,
+  kValue,
+  kAttnMask,
+  kValidLens,
+  kIsCausal,
+  kCausalAlignment,
+  kWindow,
+  kScale,
+  kSoftcap,
+  kReturnLse,
+  kReturnWeights,
+  kOut,
+  kNumThreads,
+  kNumFastArgs
+};
+constexpr const char* kFastArgNames[kNumFastArgs] = {
+    "query",  "key",   "value",   "attn_mask",  "valid_lens",     "is_causal", "causal_alignment",
+    "window", "scale", "softcap", "return_lse", "return_weights", "out",       "num_threads"};
+
+// The keyword names of the last call and where each goes: the caller passes the same
+// constant tuple every time, so the names are matched once.
+PyObject* g_last_kwnames = nullptr;
+int g_last_slots[kNumFastArgs];
+
+bool bind_args(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** slot) {
+  for (int i = 0; i < kNumFastArgs; ++i) slot[i] = nullptr;
+  if (nargs > kNumFastArgs) return false;
+  for (Py_ssize_t i = 0; i < nargs; ++i) slot[i] = args[i];
+  if (kwnames) {
+    const Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+    if (nk > kNumFastArgs) return false;
+    if (kwnames != g_last_kwnames) {
+      for (Py_ssize_t j = 0; j < nk; ++j) {
+        int found = -1;
+        for (int i = 0; i < kNumFastArgs && found < 0; ++i)
+          if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, j), kFastArgNames[i]) == 0)
+            found = i;
+        if (found < 0) return false;
+        g_last_slots[j] = found;
+      }
+      Py_XDECREF(g_last_kwnames);
+      Py_INCREF(kwnames);
+      g_last_kwnames = kwnames;
+    }
+    for (Py_ssize_t j = 0; j < nk; ++j) {
+      PyObject*& s = slot[g_last_slots[j]];
+      if (s) return false;
+      s = args[nargs + j];
+    }
+  }
+  for (int i = 0; i < kNumFastArgs; ++i)
+    if (!slot[i]) return false;
+  return true;
+}
+
+bool is_ascii(PyObject* s, const char* text) {
+  return PyUnicode_CheckExact(s) && PyUnicode_CompareWithASCIIString(s, text) == 0;
+}
+
+PyObject* g_ndarray = nullptr;  // numpy.ndarray
+
+// The call, or false to decline. Arrays are exact ndarrays of one rank >= 3 whose batch
+// dims broadcast (a size-1 dim becomes a stride-0 one, as np.broadcast_to); dtypes,
+// strides, alignment and the rest are check_attention's (it throws, and we decline).
+bool fast_call(PyObject** slot, SdpaCall* call, int64_t* diag_from_len, double* default_scale) {
+  for (int i : {kAttnMask, kValidLens, kWindow, kSoftcap, kOut})
+    if (slot[i] != Py_None) return false;
+  if (slot[kReturnLse] != Py_False || slot[kReturnWeights] != Py_False) return false;
+  if (slot[kIsCausal] != Py_True && slot[kIsCausal] != Py_False) return false;
+  call->causal = slot[kIsCausal] == Py_True;
+  const bool bottom_right = is_ascii(slot[kCausalAlignment], "bottom_right");
+  if (!bottom_right && !is_ascii(slot[kCausalAlignment], "top_left")) return false;
+  *diag_from_len = bottom_right;
+  PyObject* scale = slot[kScale];
+  if (scale != Py_None && !PyFloat_CheckExact(scale)) return false;
+  *default_scale = scale == Py_None;
+  if (scale != Py_None) call->scale = PyFloat_AS_DOUBLE(scale);
+  const int threads = resolve_threads(slot[kNumThreads]);
+  if (threads < 1) return false;
+  call->num_threads = threads;
+  for (int i : {kQuery, kKey, kValue})
+    if (Py_TYPE(slot[i]) != reinterpret_cast<PyTypeObject*>(g_ndarray)) return false;
+  return true;
+}
+
+PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  PyObject* slot[kNumFastArgs];
+  if (!bind_args(args, nargs, kwnames, slot)) {
+    PyErr_SetString(PyExc_TypeError, "fastattn._core.sdpa_fast: bad arguments");
+    return nullptr;
+  }
+  try {
+    SdpaCall call;
+    int64_t bottom_right = 0;
+    double default_scale = 0;
+    if (!fast_call(slot, &call, &bottom_right, &default_scale)) Py_RETURN_NONE;
+    call.query = array_ref(py::reinterpret_borrow<py::object>(slot[kQuery]), "query");
+    call.key = array_ref(py::reinterpret_borrow<py::object>(slot[kKey]), "key");
+    call.value = array_ref(py::reinterpret_borrow<py::object>(slot[kValue]), "value");
+    const int64_t nd = call.query.ndim();
+    if (nd < 3 || call.key.ndim() != nd || call.value.ndim() != nd) Py_RETURN_NONE;
+    std::vector<py::ssize_t> out_shape(nd);
+    for (int64_t d = 0; d < nd - 3; ++d) {
+      int64_t n = 1;
+      for (ArrayRef* a : {&call.query, &call.key, &call.value})
+        if (a->shape[d] != 1) {
+          if (n != 1 && a->shape[d] != n) Py_RETURN_NONE;  // Python says why
+          n = a->shape[d];
+        }
+      for (ArrayRef* a : {&call.query, &call.key, &call.value})
+        if (a->shape[d] != n) {
+          a->shape[d] = n;
+          a->strides[d] = 0;
+        }
+      out_shape[d] = n;
+    }
+    out_shape[nd - 3] = call.query.shape[nd - 3];
+    out_shape[nd - 2] = call.query.shape[nd - 2];
+    out_shape[nd - 1] = call.value.shape[nd - 1];
+    const int64_t e = call.query.shape[nd - 1];
+    if (default_scale) call.scale = e > 0 ? 1.0 / std::sqrt(double(e)) : 0.0;
+    if (bottom_right) call.diag_offset = call.key.shape[nd - 2] - call.query.shape[nd - 2];
+    py::array out(py::reinterpret_borrow<py::array>(slot[kQuery]).dtype(), out_shape);
+    call.out = array_ref(out, "out");
+    {
+      py::gil_scoped_release release;  // q/k/v are held by the caller's frame
+      scaled_dot_product_attention(call);
+    }
+    return out.release().ptr();
+  } catch (...) {
+    // Declined: the full path runs and raises whatever applies, in its own words.
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
+}  // namespace
 
 void register_sdpa(py::module_& m) {
   m.def(
@@ -62,6 +291,28 @@ void register_sdpa(py::module_& m) {
       },
       py::arg("outputs"), py::arg("lses"), py::arg("out"), py::arg("lse"), py::arg("num_threads"),
       "Merges partial attention states by log-sum-exp (see fastattn/_sdpa.py).");
+
+  // A raw vectorcall function: pybind11's dispatcher would cost more than the kernel on a
+  // decode step (it turns the keywords into a dict and matches them by name every call).
+  static PyMethodDef fast_def = {
+      "sdpa_fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_fast)),
+      METH_FASTCALL | METH_KEYWORDS,
+      "The common scaled_dot_product_attention call, computed; None for any other "
+      "(see fastattn/_sdpa.py)."};
+  g_ndarray = py::object(py::module_::import("numpy").attr("ndarray")).release().ptr();
+  m.add_object("sdpa_fast", py::reinterpret_steal<py::object>(
+                                PyCFunction_NewEx(&fast_def, nullptr, m.attr("__name__").ptr())));
+  m.def(
+      "set_thread_defaults",
+      [](int setting, int cap, int cpus, bool forked) {
+        g_threads.setting = setting;
+        g_threads.cap = cap;
+        g_threads.cpus = cpus;
+        g_threads.forked = forked;
+        g_threads.seen = false;  // parse the environment again
+      },
+      py::arg("setting"), py::arg("cap"), py::arg("cpus"), py::arg("forked"),
+      "What a call without num_threads= runs with (fastattn/_threads.py pushes it).");
 }
 
 }  // namespace fastattn

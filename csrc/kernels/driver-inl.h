@@ -28,6 +28,7 @@
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
+#include "kernels/parallel-inl.h"
 #include "simd/vec-inl.h"
 
 // Runs the callable __VA_ARGS__ with `name` a constexpr bool equal to the runtime `cond`
@@ -108,8 +109,7 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   const int64_t items = plan.tasks * splits;
   bool failed = false;
   const int threads = int(imax(1, imin(p.num_threads, items)));
-#pragma omp parallel num_threads(threads)
-  {
+  parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
     RowRef<T>* rows = nullptr;
     void* raw = arena_allocate([&](Arena& a) {
@@ -147,7 +147,7 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
       }
     }
     std::free(raw);
-  }
+  });
   return !failed;
 }
 

@@ -145,6 +145,10 @@ def grid(preset: str) -> list[Case]:
                   tags=("short", "batch"), dtypes=f32 if quick else DTYPES),
         sdpa_case("short sequences causal", 16 if quick else 32, 8, 8, 128, 128, 64,
                   causal=True, tags=("short", "batch"), dtypes=f32),
+        # Small calls (issue #21): the per-call cost of a decode step and of one tiny head.
+        *[sdpa_case("small call decode", 1, 8, 8, 1, lk, 64, tags=("decode", "small-call"),
+                    series="small call decode", dtypes=f32) for lk in (16, 128, 512, 2048)],
+        sdpa_case("small call", 1, 1, 1, 1, 16, 64, tags=("small-call",), dtypes=f32),
         Case("additive 2x 256x512 D64 H128", "additive", (2, 256, 512, 64, 128),
              tags=("bahdanau",), dtypes=f32 if quick else DTYPES),
         Case(f"masked_softmax {32 if quick else 64}x512x512 valid_lens", "masked_softmax",
