@@ -49,8 +49,9 @@ def engine_runner(name: str, q, k, v, causal: bool) -> _anchors.Runner:
         pytest.skip(f"{exc} (pip install {_anchors.PACKAGES[name]})")
     if q.dtype != "float32":
         pytest.skip(f"{_anchors.NAMES[name]} computes float64 inputs at float32 accuracy")
-    runner, _ = _anchors.fastest(name, q, k, v, causal, fastattn.get_num_threads(),
-                                 probe=lambda fn: probe_time(fn, Method()))
+    runner, _ = _anchors.fastest(
+        name, q, k, v, causal, fastattn.get_num_threads(), probe=lambda fn: probe_time(fn, Method())
+    )
     return runner
 
 

@@ -71,20 +71,24 @@ def main() -> None:
     decode_step()
     q = split_heads(mha.q_proj(step), mha.num_heads)
     k, v = cache._key[:, :, : a.cache], cache._value[:, :, : a.cache]
-    kt = split_heads(np.ascontiguousarray(k.swapaxes(1, 2)).reshape(a.batch, a.cache, -1),
-                     mha.num_kv_heads)
-    vt = split_heads(np.ascontiguousarray(v.swapaxes(1, 2)).reshape(a.batch, a.cache, -1),
-                     mha.num_kv_heads)
+    kt = split_heads(
+        np.ascontiguousarray(k.swapaxes(1, 2)).reshape(a.batch, a.cache, -1), mha.num_kv_heads
+    )
+    vt = split_heads(
+        np.ascontiguousarray(v.swapaxes(1, 2)).reshape(a.batch, a.cache, -1), mha.num_kv_heads
+    )
     merged = np.empty((a.batch, 1, mha.num_heads, mha.head_dim), np.float32)
     out_view = merged.swapaxes(1, 2)
 
     def kernel():
-        fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              causal_alignment="bottom_right", out=out_view)
+        fastattn.scaled_dot_product_attention(
+            q, k, v, is_causal=True, causal_alignment="bottom_right", out=out_view
+        )
 
     def kernel_token_major():
-        fastattn.scaled_dot_product_attention(q, kt, vt, is_causal=True,
-                                              causal_alignment="bottom_right", out=out_view)
+        fastattn.scaled_dot_product_attention(
+            q, kt, vt, is_causal=True, causal_alignment="bottom_right", out=out_view
+        )
 
     slot_k, slot_v = cache._key[:, :, :1], cache._value[:, :, :1]
 
@@ -94,19 +98,25 @@ def main() -> None:
         mha.v_proj.into_heads(step, mha.num_kv_heads, slot_v)
         mha.out_proj(merged.reshape(a.batch, 1, a.embed_dim))
 
-    print(f"B={a.batch} E={a.embed_dim} H={a.heads} Hkv={mha.num_kv_heads} "
-          f"D={mha.head_dim} cache={a.cache} threads={fastattn.get_num_threads()} "
-          f"isa={fastattn._core.active_isa()}")
-    rows = [("decode step (layer)", decode_step), ("kernel (layer's views)", kernel),
-            ("projections (4 matmuls)", projections),
-            ("kernel, token-major K/V", kernel_token_major)]
+    print(
+        f"B={a.batch} E={a.embed_dim} H={a.heads} Hkv={mha.num_kv_heads} "
+        f"D={mha.head_dim} cache={a.cache} threads={fastattn.get_num_threads()} "
+        f"isa={fastattn._core.active_isa()}"
+    )
+    rows = [
+        ("decode step (layer)", decode_step),
+        ("kernel (layer's views)", kernel),
+        ("projections (4 matmuls)", projections),
+        ("kernel, token-major K/V", kernel_token_major),
+    ]
     results = timings(rows, a.repeats, a.rounds)
     step_s = results["decode step (layer)"]
     for name, s in results.items():
         print(f"  {name:26s} {s * 1e6:9.1f} us   {s / step_s:6.1%} of the step")
     other = step_s - results["kernel (layer's views)"] - results["projections (4 matmuls)"]
-    print(f"  {'rest (python, checks)':26s} {other * 1e6:9.1f} us   {other / step_s:6.1%} "
-          "of the step")
+    print(
+        f"  {'rest (python, checks)':26s} {other * 1e6:9.1f} us   {other / step_s:6.1%} of the step"
+    )
 
 
 if __name__ == "__main__":

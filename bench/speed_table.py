@@ -49,8 +49,7 @@ SHAPES = {
     "causal BERT-base 4x12 512x512 E64": (4, 12, 12, 512, 512, 64, True, np.float32, 1.5),
     "causal 1x8 2048x2048 E64": (1, 8, 8, 2048, 2048, 64, True, np.float32, 1.5),
     "causal 1x16 1024x1024 E128": (1, 16, 16, 1024, 1024, 128, True, np.float32, 1.5),
-    "causal GQA prefill 1x32/8 1024x1024 E128": (1, 32, 8, 1024, 1024, 128, True, np.float32,
-                                                 1.5),
+    "causal GQA prefill 1x32/8 1024x1024 E128": (1, 32, 8, 1024, 1024, 128, True, np.float32, 1.5),
     "causal short 32x8 128x128 E64": (32, 8, 8, 128, 128, 64, True, np.float32, 1.5),
     "GQA decode 1x32/8 1x16384 E128": (1, 32, 8, 1, 16384, 128, False, np.float32, 2.0),
     "MHA decode 1x8 1x2048 E64": (1, 8, 8, 1, 2048, 64, False, np.float32, None),
@@ -69,19 +68,26 @@ def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
     q = rng.standard_normal((b, hq, lq, e)).astype(dtype)
     k = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
     v = rng.standard_normal((b, hkv, lk, e)).astype(dtype)
-    cands = {"fastattn": lambda: fastattn.scaled_dot_product_attention(
-        q, k, v, is_causal=causal)}
+    cands = {"fastattn": lambda: fastattn.scaled_dot_product_attention(q, k, v, is_causal=causal)}
     if torch is not None:
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
         kw = {"enable_gqa": True} if hq != hkv else {}
         cands["torch"] = lambda: torch.nn.functional.scaled_dot_product_attention(
-            tq, tk, tv, is_causal=causal, **kw)
+            tq, tk, tv, is_causal=causal, **kw
+        )
     if with_numpy:
         cands["numpy"] = lambda: numpy_sdpa(q, k, v, causal)
     if dtype == np.float32:  # the engines compute float64 inputs at float32 accuracy
         for engine in ENGINES:  # its fastest op, built outside the timing
-            runner, _ = _anchors.fastest(engine, q, k, v, causal, fastattn.get_num_threads(),
-                                         probe=lambda fn: probe_time(fn, bench.Method()))
+            runner, _ = _anchors.fastest(
+                engine,
+                q,
+                k,
+                v,
+                causal,
+                fastattn.get_num_threads(),
+                probe=lambda fn: probe_time(fn, bench.Method()),
+            )
             cands[engine] = runner.call
     t = measure(cands, rounds)
     visible = (sum(min(i + 1, lk) for i in range(lq)) / (lq * lk)) if causal else 1.0
@@ -93,8 +99,11 @@ def table_row(name, spec, rounds: int, with_numpy: bool, mm: float) -> str:
     else:
         row += "- | - | "
     for engine in ENGINES:
-        row += (f"{t[engine] * 1e3:.2f} | {t[engine] / t['fastattn']:.2f}x | " if engine in t
-                else "- | - | ")
+        row += (
+            f"{t[engine] * 1e3:.2f} | {t[engine] / t['fastattn']:.2f}x | "
+            if engine in t
+            else "- | - | "
+        )
     row += f"{f'>= {target:.1f}x' if target else '-'} |"
     if with_numpy:
         row += f" {t['numpy'] * 1e3:.2f} | {t['numpy'] / t['fastattn']:.1f}x |"
@@ -126,14 +135,20 @@ def main() -> None:
     # Thread scaling and causal cost on the 2048 shape.
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 8, 2048, 64), dtype=np.float32) for _ in range(3))
-    t = measure({
-        "1": lambda: fastattn.scaled_dot_product_attention(q, k, v, num_threads=1),
-        "2": lambda: fastattn.scaled_dot_product_attention(q, k, v, num_threads=2),
-        "causal": lambda: fastattn.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                num_threads=2),
-    }, args.rounds)
-    print(f"\n1x8 2048x2048 E64: 1 -> 2 threads speed-up {t['1'] / t['2']:.2f}x; "
-          f"causal / non-causal time {t['causal'] / t['2']:.2f}")
+    t = measure(
+        {
+            "1": lambda: fastattn.scaled_dot_product_attention(q, k, v, num_threads=1),
+            "2": lambda: fastattn.scaled_dot_product_attention(q, k, v, num_threads=2),
+            "causal": lambda: fastattn.scaled_dot_product_attention(
+                q, k, v, is_causal=True, num_threads=2
+            ),
+        },
+        args.rounds,
+    )
+    print(
+        f"\n1x8 2048x2048 E64: 1 -> 2 threads speed-up {t['1'] / t['2']:.2f}x; "
+        f"causal / non-causal time {t['causal'] / t['2']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def numpy_additive(q, k, v, w_q, w_k, w_v):
 def numpy_topk(q, k, v, top_k):
     """Top-k attention: scaled scores, the k largest per row by argpartition, softmax."""
     s = (q @ np.swapaxes(k, -1, -2)) * np.float32(1 / np.sqrt(q.shape[-1]))
-    kth = -np.partition(-s, top_k - 1, axis=-1)[..., top_k - 1: top_k]
+    kth = -np.partition(-s, top_k - 1, axis=-1)[..., top_k - 1 : top_k]
     return numpy_softmax(np.where(s >= kth, s, -np.inf)) @ v
 
 
@@ -76,8 +76,7 @@ def test_masked_softmax_valid_lens(record, benchmark, impl):
         out = record(impl, 5.0 * x.size, fastattn.masked_softmax, x, vl)
     else:
         out = record(impl, 5.0 * x.size, numpy_masked_softmax, x, vl)
-    np.testing.assert_allclose(out[:4], fastattn.reference.masked_softmax(x[:4], vl[:4]),
-                               atol=1e-6)
+    np.testing.assert_allclose(out[:4], fastattn.reference.masked_softmax(x[:4], vl[:4]), atol=1e-6)
 
 
 def _additive_inputs(b=2, lq=256, lk=512, d=64, hidden=128):
@@ -113,8 +112,9 @@ def test_topk(record, benchmark, impl):
         out = record(impl, flops, fastattn.attention, q, k, v, normalize="topk", top_k=8)
     else:
         out = record(impl, flops, numpy_topk, q, k, v, 8)
-    expected = fastattn.reference.attention(q[:, :1, :64], k[:, :1], v[:, :1],
-                                            normalize="topk", top_k=8)
+    expected = fastattn.reference.attention(
+        q[:, :1, :64], k[:, :1], v[:, :1], normalize="topk", top_k=8
+    )
     np.testing.assert_allclose(out[:, :1, :64], expected, rtol=0, atol=1e-4)
 
 
@@ -128,8 +128,9 @@ def test_gaussian(record, benchmark, impl):
         out = record(impl, flops, fastattn.attention, q, k, v, score="gaussian", bandwidth=4.0)
     else:
         out = record(impl, flops, numpy_gaussian, q, k, v, 4.0)
-    expected = fastattn.reference.attention(q[:, :1], k[:, :1], v[:, :1], score="gaussian",
-                                            bandwidth=4.0)
+    expected = fastattn.reference.attention(
+        q[:, :1], k[:, :1], v[:, :1], score="gaussian", bandwidth=4.0
+    )
     np.testing.assert_allclose(out[:, :1], expected, rtol=0, atol=1e-5)
 
 

@@ -64,15 +64,14 @@ def test_mha_decode_step(record, benchmark, impl):
 
         def decode():
             q = step @ w["q_proj"].weight.T + w["q_proj"].bias
-            k_cache[:, n:n + 1] = step @ w["k_proj"].weight.T + w["k_proj"].bias
-            v_cache[:, n:n + 1] = step @ w["v_proj"].weight.T + w["v_proj"].bias
+            k_cache[:, n : n + 1] = step @ w["k_proj"].weight.T + w["k_proj"].bias
+            v_cache[:, n : n + 1] = step @ w["v_proj"].weight.T + w["v_proj"].bias
 
             def heads(x):
                 return x.reshape(B, -1, H, D).swapaxes(1, 2)
 
             o = numpy_sdpa(heads(q), heads(k_cache), heads(v_cache))
-            return o.swapaxes(1, 2).reshape(B, 1, E) @ w["out_proj"].weight.T + \
-                w["out_proj"].bias
+            return o.swapaxes(1, 2).reshape(B, 1, E) @ w["out_proj"].weight.T + w["out_proj"].bias
 
     else:
         if torch is None:
@@ -98,8 +97,16 @@ def test_mha_decode_step(record, benchmark, impl):
     out = record(impl, _flops(), decode)
     # The new token attends to every position: no mask needed in the reference.
     expected = fastattn.reference.multi_head_attention(
-        step, tokens, num_heads=H, q_weight=w["q_proj"].weight, k_weight=w["k_proj"].weight,
-        v_weight=w["v_proj"].weight, out_weight=w["out_proj"].weight,
-        q_bias=w["q_proj"].bias, k_bias=w["k_proj"].bias, v_bias=w["v_proj"].bias,
-        out_bias=w["out_proj"].bias)
+        step,
+        tokens,
+        num_heads=H,
+        q_weight=w["q_proj"].weight,
+        k_weight=w["k_proj"].weight,
+        v_weight=w["v_proj"].weight,
+        out_weight=w["out_proj"].weight,
+        q_bias=w["q_proj"].bias,
+        k_bias=w["k_proj"].bias,
+        v_bias=w["v_proj"].bias,
+        out_bias=w["out_proj"].bias,
+    )
     np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-4)

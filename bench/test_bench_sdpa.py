@@ -53,8 +53,7 @@ def test_sdpa(record, benchmark, name, impl):
     flops = attention_flops(q.shape, k.shape, v.shape, causal)
     group = q.shape[1] // k.shape[1]
     if impl == "fastattn":
-        out = record(impl, flops, fastattn.scaled_dot_product_attention, q, k, v,
-                     is_causal=causal)
+        out = record(impl, flops, fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal)
     elif impl == "numpy":
         kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         out = record(impl, flops, numpy_sdpa, q, kk, vv, is_causal=causal)
@@ -71,7 +70,8 @@ def test_sdpa(record, benchmark, name, impl):
         def run():
             with torch.no_grad():
                 return torch.nn.functional.scaled_dot_product_attention(
-                    tq, tk, tv, is_causal=causal, **kw)
+                    tq, tk, tv, is_causal=causal, **kw
+                )
 
         out = record(impl, flops, run).numpy()
     expected = fastattn.reference.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -92,8 +92,9 @@ def test_sdpa_float64(record, benchmark, impl):
         if torch is None:
             pytest.skip("torch is not installed (pip install torch==2.13.0)")
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-        out = record(impl, flops, lambda: torch.nn.functional.scaled_dot_product_attention(
-            tq, tk, tv)).numpy()
+        out = record(
+            impl, flops, lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+        ).numpy()
     np.testing.assert_allclose(out, numpy_sdpa(q, k, v), rtol=1e-9, atol=1e-11)
 
 

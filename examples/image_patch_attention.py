@@ -88,8 +88,16 @@ def main(path: str = "image_patch_attention.png") -> None:
     grid[0, 0].imshow(img)
     grid[0, 0].set_title(f"input: {GRID * GRID} patches of {PATCH}x{PATCH}x3")
     for r, c in QUERIES.values():
-        grid[0, 0].add_patch(Rectangle((c * PATCH - 0.5, r * PATCH - 0.5), PATCH, PATCH,
-                                       fill=False, edgecolor="white", linewidth=2))
+        grid[0, 0].add_patch(
+            Rectangle(
+                (c * PATCH - 0.5, r * PATCH - 0.5),
+                PATCH,
+                PATCH,
+                fill=False,
+                edgecolor="white",
+                linewidth=2,
+            )
+        )
     grid[0, 1].imshow(rebuilt)
     grid[0, 1].set_title("layer output as an image")
     fastattn.plot_attention(weights, ax=grid[0, 2], cmap="magma", vmax=0.1)
@@ -97,16 +105,21 @@ def main(path: str = "image_patch_attention.png") -> None:
     grid[0, 2].set_xlabel("key patch (row-major)")
     grid[0, 2].set_ylabel("query patch (row-major)")
     grid[0, 3].set_axis_off()
-    grid[0, 3].text(0.0, 0.5, "Each patch attends to the patches\nthat look like it "
-                    "(cosine similarity\nof the centred pixel vectors).\n\n"
-                    "Output = attention-weighted average\nof the patches: regions "
-                    "flatten,\nedges stay.", fontsize=12, va="center")
+    grid[0, 3].text(
+        0.0,
+        0.5,
+        "Each patch attends to the patches\nthat look like it "
+        "(cosine similarity\nof the centred pixel vectors).\n\n"
+        "Output = attention-weighted average\nof the patches: regions "
+        "flatten,\nedges stay.",
+        fontsize=12,
+        va="center",
+    )
     for ax, (name, (r, c)) in zip(grid[1], QUERIES.items()):
         attn_map = weights[r * GRID + c].reshape(GRID, GRID)
         fastattn.plot_attention(attn_map, ax=ax, cmap="inferno")
         ax.imshow(img, extent=(-0.5, GRID - 0.5, GRID - 0.5, -0.5), alpha=0.25)
-        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan",
-                               linewidth=2))
+        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan", linewidth=2))
         ax.set_title(f"where the {name} patch attends")
         ax.set_xlabel("patch column")
         ax.set_ylabel("patch row")
@@ -114,8 +127,10 @@ def main(path: str = "image_patch_attention.png") -> None:
     fig.savefig(path, dpi=80)
     for name, (r, c) in QUERIES.items():
         w = weights[r * GRID + c]
-        print(f"{name:>5s} patch ({r}, {c}): top weight {w.max():.3f}, "
-              f"patches holding 90% of it: {int((np.cumsum(np.sort(w)[::-1]) < 0.9).sum()) + 1}")
+        print(
+            f"{name:>5s} patch ({r}, {c}): top weight {w.max():.3f}, "
+            f"patches holding 90% of it: {int((np.cumsum(np.sort(w)[::-1]) < 0.9).sum()) + 1}"
+        )
     print(f"wrote {path}")
 
 

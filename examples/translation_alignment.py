@@ -32,8 +32,16 @@ import fastattn
 
 SOURCE = ["the", "black", "cat", "sat", "on", "the", "mat", "."]
 TARGET = ["le", "chat", "noir", "s'est", "assis", "sur", "le", "tapis", "."]
-MEANING = {"le": "the", "chat": "cat", "noir": "black", "s'est": "sat", "assis": "sat",
-           "sur": "on", "tapis": "mat", ".": "."}  # French word -> English concept
+MEANING = {
+    "le": "the",
+    "chat": "cat",
+    "noir": "black",
+    "s'est": "sat",
+    "assis": "sat",
+    "sur": "on",
+    "tapis": "mat",
+    ".": ".",
+}  # French word -> English concept
 
 HALF = 16  # features per head: meaning, then position
 EXTRA = 8  # English-only source features that the key projection ignores
@@ -48,11 +56,17 @@ def position_code(n: int) -> np.ndarray:
 
 def embed(rng: np.random.Generator):
     concepts = {w: rng.standard_normal(HALF) for w in dict.fromkeys(SOURCE)}
-    src = np.concatenate([np.stack([concepts[w] for w in SOURCE]),
-                          position_code(len(SOURCE)),
-                          rng.standard_normal((len(SOURCE), EXTRA))], axis=1)
-    tgt = np.concatenate([np.stack([concepts[MEANING[w]] for w in TARGET]),
-                          position_code(len(TARGET))], axis=1)
+    src = np.concatenate(
+        [
+            np.stack([concepts[w] for w in SOURCE]),
+            position_code(len(SOURCE)),
+            rng.standard_normal((len(SOURCE), EXTRA)),
+        ],
+        axis=1,
+    )
+    tgt = np.concatenate(
+        [np.stack([concepts[MEANING[w]] for w in TARGET]), position_code(len(TARGET))], axis=1
+    )
     return src.astype(np.float32), tgt.astype(np.float32)
 
 

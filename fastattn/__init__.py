@@ -17,7 +17,8 @@ except ImportError as _exc:
         f"fastattn's compiled module is not in {__path__[0]}: this is the source tree (Python "
         "looks in the current directory first), not the installed package. Run from another "
         "directory, use the console script (fastattn-bench), or install in editable mode "
-        "(README, Development).") from _exc
+        "(README, Development)."
+    ) from _exc
 from fastattn import reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson

@@ -18,8 +18,9 @@ def unit_rows(a: np.ndarray) -> np.ndarray:
     underflow."""
     x = np.asarray(a, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        big = np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros(
-            x.shape[:-1] + (1,))
+        big = (
+            np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
+        )
         y = np.where(big > 0, x / np.where(big > 0, big, 1.0), x)
         norm = np.sqrt((y * y).sum(axis=-1, keepdims=True))
         return np.where(norm > 0, y / np.where(norm > 0, norm, 1.0), y)

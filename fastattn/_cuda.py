@@ -31,8 +31,9 @@ import importlib.util
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -55,23 +56,59 @@ MAX_GRID = 2**31 - 1
 
 # The params blocks, in the order of the enums of attention.cu (a test compares them).
 ATTENTION_PARAMS = (
-    "kGroups", "kQueries", "kKeys", "kFeatures", "kValueFeatures", "kCausal", "kDiagOffset",
-    "kLeft", "kRight", "kQueryRow", "kQueryCol", "kKeyRow", "kKeyCol", "kValueRow",
-    "kValueCol", "kMaskRow", "kMaskCol", "kLensRow", "kOutRow", "kOutCol", "kLseRow",
-    "kWeightsRow", "kWeightsCol",
+    "kGroups",
+    "kQueries",
+    "kKeys",
+    "kFeatures",
+    "kValueFeatures",
+    "kCausal",
+    "kDiagOffset",
+    "kLeft",
+    "kRight",
+    "kQueryRow",
+    "kQueryCol",
+    "kKeyRow",
+    "kKeyCol",
+    "kValueRow",
+    "kValueCol",
+    "kMaskRow",
+    "kMaskCol",
+    "kLensRow",
+    "kOutRow",
+    "kOutCol",
+    "kLseRow",
+    "kWeightsRow",
+    "kWeightsCol",
 )
 ATTENTION_SLOTS = (
-    "kSlotQuery", "kSlotKey", "kSlotValue", "kSlotMask", "kSlotLens", "kSlotOut", "kSlotLse",
+    "kSlotQuery",
+    "kSlotKey",
+    "kSlotValue",
+    "kSlotMask",
+    "kSlotLens",
+    "kSlotOut",
+    "kSlotLse",
     "kSlotWeights",
 )
 SOFTMAX_PARAMS = (
-    "kRowGroups", "kRowsPerGroup", "kRowLength", "kInRow", "kInCol", "kKeepRow", "kKeepCol",
-    "kRowLensStride", "kResultRow", "kResultCol",
+    "kRowGroups",
+    "kRowsPerGroup",
+    "kRowLength",
+    "kInRow",
+    "kInCol",
+    "kKeepRow",
+    "kKeepCol",
+    "kRowLensStride",
+    "kResultRow",
+    "kResultCol",
 )
 SOFTMAX_SLOTS = ("kSlotIn", "kSlotKeep", "kSlotRowLens", "kSlotResult")
 
-_CTYPES = {np.dtype(np.float16): "fastattn_cuda::half_t", np.dtype(np.float32): "float",
-           np.dtype(np.float64): "double"}
+_CTYPES = {
+    np.dtype(np.float16): "fastattn_cuda::half_t",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+}
 
 
 def attention_kernel(result_dtype: np.dtype, additive: bool) -> str:
@@ -81,8 +118,10 @@ def attention_kernel(result_dtype: np.dtype, additive: bool) -> str:
     storage = _CTYPES[np.dtype(result_dtype)]
     acc = "double" if np.dtype(result_dtype) == np.float64 else "float"
     qk = acc if additive else storage
-    return (f"fastattn_cuda::attention_forward<{qk}, {storage}, {acc}, "
-            f"{'true' if additive else 'false'}>")
+    return (
+        f"fastattn_cuda::attention_forward<{qk}, {storage}, {acc}, "
+        f"{'true' if additive else 'false'}>"
+    )
 
 
 def softmax_kernel(result_dtype: np.dtype) -> str:
@@ -137,15 +176,20 @@ def _device_inputs(cupy, named: dict) -> dict:
 
 def _is_host_array(value: object) -> bool:
     """Host arrays of other libraries (NumPy's array protocols; not NumPy scalars)."""
-    return not isinstance(value, np.generic) and not _is_cupy_type(value) and (
-        hasattr(value, "__array_interface__") or hasattr(value, "__array__"))
+    return (
+        not isinstance(value, np.generic)
+        and not _is_cupy_type(value)
+        and (hasattr(value, "__array_interface__") or hasattr(value, "__array__"))
+    )
 
 
 def _device_out(cupy, out):
     if out is None or isinstance(out, cupy.ndarray):
         return out
-    raise TypeError(f"out must be a cupy.ndarray when the inputs are CuPy arrays, got "
-                    f"{type(out).__module__}.{type(out).__name__}")
+    raise TypeError(
+        f"out must be a cupy.ndarray when the inputs are CuPy arrays, got "
+        f"{type(out).__module__}.{type(out).__name__}"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -179,8 +223,9 @@ def _kernel(cupy, name: str):
     if fn is None:
         module = _modules.get(device)
         if module is None:
-            module = cupy.RawModule(code=kernel_source(), options=COMPILE_OPTIONS,
-                                    name_expressions=KERNELS)
+            module = cupy.RawModule(
+                code=kernel_source(), options=COMPILE_OPTIONS, name_expressions=KERNELS
+            )
             _modules[device] = module
         fn = module.get_function(name)
         _functions[(device, name)] = fn
@@ -194,8 +239,7 @@ def _cupy_backend() -> Backend:
         # Launched on CuPy's current stream.
         _kernel(cupy, name)((grid,), (block,), args)
 
-    return Backend(xp=cupy, to_host=cupy.asnumpy, pointer=lambda a: a.data.ptr,
-                   launch=launch)
+    return Backend(xp=cupy, to_host=cupy.asnumpy, pointer=lambda a: a.data.ptr, launch=launch)
 
 
 # --------------------------------------------------------------------------------------
@@ -206,8 +250,9 @@ def standin(a, dtype=None) -> np.ndarray:
     """A NumPy array with ``a``'s shape and dtype (or ``dtype``) and no data of its own:
     a zero-stride view of one element, for the validation layer."""
     dt = np.dtype(a.dtype if dtype is None else dtype)
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), shape=tuple(a.shape),
-                                           strides=(0,) * len(a.shape))
+    return np.lib.stride_tricks.as_strided(
+        np.zeros(1, dt), shape=tuple(a.shape), strides=(0,) * len(a.shape)
+    )
 
 
 def out_standin(out) -> np.ndarray:
@@ -219,8 +264,9 @@ def out_standin(out) -> np.ndarray:
         return np.zeros(shape, out.dtype)
     low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + out.itemsize
-    return np.ndarray(shape, out.dtype, buffer=np.zeros(high - low, np.uint8), offset=-low,
-                      strides=strides)
+    return np.ndarray(
+        shape, out.dtype, buffer=np.zeros(high - low, np.uint8), offset=-low, strides=strides
+    )
 
 
 def _strides(a) -> tuple:
@@ -247,8 +293,7 @@ def group_offsets(shape: tuple, strides: tuple) -> np.ndarray:
     off = np.zeros(shape, dtype=np.int64)
     for axis, (n, s) in enumerate(zip(shape, strides)):
         if n > 1 and s:
-            off += (np.arange(n, dtype=np.int64) * s).reshape(
-                (n,) + (1,) * (len(shape) - axis - 1))
+            off += (np.arange(n, dtype=np.int64) * s).reshape((n,) + (1,) * (len(shape) - axis - 1))
     return off
 
 
@@ -271,8 +316,9 @@ def _rows_view(be: Backend, lens, user_rows: tuple, full_rows: tuple):
 
 def _writable_in_place(be: Backend, out) -> bool:
     """Whether the kernels can write ``out`` directly (aligned, strides in whole items)."""
-    return not (any(s % out.itemsize for s in out.strides)
-                or (out.size and be.pointer(out) % out.itemsize))
+    return not (
+        any(s % out.itemsize for s in out.strides) or (out.size and be.pointer(out) % out.itemsize)
+    )
 
 
 def _check_no_alias(be: Backend, out, inputs: dict) -> None:
@@ -289,8 +335,21 @@ def _grid(items: int) -> int:
 # scaled_dot_product_attention and additive_attention
 
 
-def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
-                      attn_mask, valid_lens, score_weights, scale, softcap):
+def _attention_launch(
+    be: Backend,
+    args,
+    q,
+    k,
+    v,
+    want_lse,
+    want_weights,
+    out,
+    attn_mask,
+    valid_lens,
+    score_weights,
+    scale,
+    softcap,
+):
     """Allocate the results, build the params block, launch; (output, lse, weights).
     ``q``/``k``/``v`` are device arrays already broadcast to ``args.batch`` and in the
     kernel's types; ``attn_mask``/``valid_lens`` are the caller's device arrays."""
@@ -340,32 +399,63 @@ def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
             return 0 if a is None else _strides(a)[axis]
 
         values = {
-            "kGroups": groups, "kQueries": lq, "kKeys": lk, "kFeatures": e,
-            "kValueFeatures": ev, "kCausal": int(args.is_causal),
-            "kDiagOffset": args.diag_offset, "kLeft": args.window[0],
+            "kGroups": groups,
+            "kQueries": lq,
+            "kKeys": lk,
+            "kFeatures": e,
+            "kValueFeatures": ev,
+            "kCausal": int(args.is_causal),
+            "kDiagOffset": args.diag_offset,
+            "kLeft": args.window[0],
             "kRight": args.window[1],
-            "kQueryRow": stride(q, -2), "kQueryCol": stride(q, -1),
-            "kKeyRow": stride(k, -2), "kKeyCol": stride(k, -1),
-            "kValueRow": stride(v, -2), "kValueCol": stride(v, -1),
-            "kMaskRow": stride(mask, -2), "kMaskCol": stride(mask, -1),
+            "kQueryRow": stride(q, -2),
+            "kQueryCol": stride(q, -1),
+            "kKeyRow": stride(k, -2),
+            "kKeyCol": stride(k, -1),
+            "kValueRow": stride(v, -2),
+            "kValueCol": stride(v, -1),
+            "kMaskRow": stride(mask, -2),
+            "kMaskCol": stride(mask, -1),
             "kLensRow": stride(lens, -1),
-            "kOutRow": stride(result, -2), "kOutCol": stride(result, -1),
+            "kOutRow": stride(result, -2),
+            "kOutCol": stride(result, -1),
             "kLseRow": stride(lse, -1),
-            "kWeightsRow": stride(weights, -2), "kWeightsCol": stride(weights, -1),
+            "kWeightsRow": stride(weights, -2),
+            "kWeightsCol": stride(weights, -1),
         }
-        slots = [heads(q, 2), heads(k, 2, kv=True), heads(v, 2, kv=True), heads(mask, 2),
-                 heads(lens, 1), heads(result, 2), heads(lse, 1), heads(weights, 2)]
+        slots = [
+            heads(q, 2),
+            heads(k, 2, kv=True),
+            heads(v, 2, kv=True),
+            heads(mask, 2),
+            heads(lens, 1),
+            heads(result, 2),
+            heads(lse, 1),
+            heads(weights, 2),
+        ]
         params = xp.asarray(_params_block(ATTENTION_PARAMS, values, slots))
         items = groups * -(-lq // BLOCK_Q) * max(1, -(-ev // BLOCK_V))
         ptr = be.pointer
         be.launch(
-            attention_kernel(result_dtype, score_weights is not None), _grid(items),
+            attention_kernel(result_dtype, score_weights is not None),
+            _grid(items),
             BLOCK_THREADS,
-            (ptr(q), ptr(k), ptr(v), 0 if bool_mask is None else ptr(bool_mask),
-             0 if float_mask is None else ptr(float_mask), 0 if lens is None else ptr(lens),
-             0 if score_weights is None else ptr(score_weights), ptr(result),
-             0 if lse is None else ptr(lse), 0 if weights is None else ptr(weights),
-             ptr(params), float(scale), float(softcap)))
+            (
+                ptr(q),
+                ptr(k),
+                ptr(v),
+                0 if bool_mask is None else ptr(bool_mask),
+                0 if float_mask is None else ptr(float_mask),
+                0 if lens is None else ptr(lens),
+                0 if score_weights is None else ptr(score_weights),
+                ptr(result),
+                0 if lse is None else ptr(lse),
+                0 if weights is None else ptr(weights),
+                ptr(params),
+                float(scale),
+                float(softcap),
+            ),
+        )
 
     if out is not None:
         if target is None:
@@ -373,41 +463,98 @@ def _attention_launch(be: Backend, args, q, k, v, want_lse, want_weights, out,
         output = out
     else:
         output = result.reshape(args.out_shape)
-    return (output,
-            None if lse is None else lse.reshape(args.out_shape[:-1]),
-            None if weights is None else weights.reshape(args.scores_shape))
+    return (
+        output,
+        None if lse is None else lse.reshape(args.out_shape[:-1]),
+        None if weights is None else weights.reshape(args.scores_shape),
+    )
 
 
-def sdpa_forward(be: Backend, query, key, value, attn_mask=None, *, valid_lens=None,
-                 is_causal=False, causal_alignment="top_left", window=None, scale=None,
-                 softcap=None, return_lse=False, return_weights=False, out=None,
-                 num_threads=None):
+def sdpa_forward(
+    be: Backend,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    *,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
+    scale=None,
+    softcap=None,
+    return_lse=False,
+    return_weights=False,
+    out=None,
+    num_threads=None,
+):
     """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``."""
     q_s, k_s, v_s = (standin(a) for a in (query, key, value))
     mask_s = None if attn_mask is None else standin(attn_mask)
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
-    args = sdpa_args(q_s, k_s, v_s, mask_s, lens_host, is_causal, causal_alignment, window,
-                     scale, softcap)
+    args = sdpa_args(
+        q_s, k_s, v_s, mask_s, lens_host, is_causal, causal_alignment, window, scale, softcap
+    )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)  # checked like the CPU path; the GPU ignores it
     if out is not None:
         check_out(out_standin(out), args.out_shape, args.result_dtype, {})
-        _check_no_alias(be, out, {"query": query, "key": key, "value": value,
-                                  "attn_mask": attn_mask, "valid_lens": valid_lens})
+        _check_no_alias(
+            be,
+            out,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
 
     # Convert before broadcasting so a broadcast input is never materialised.
-    q, k, v = (be.xp.broadcast_to(_as_dtype(be, with_leading_axes(a, 3), args.result_dtype),
-                                  args.batch + s.shape[-3:])
-               for a, s in ((query, args.query), (key, args.key), (value, args.value)))
-    found = _attention_launch(be, args, q, k, v, want_lse, want_weights, out, attn_mask,
-                              valid_lens, None, args.scale, args.softcap or 0.0)
+    q, k, v = (
+        be.xp.broadcast_to(
+            _as_dtype(be, with_leading_axes(a, 3), args.result_dtype), args.batch + s.shape[-3:]
+        )
+        for a, s in ((query, args.query), (key, args.key), (value, args.value))
+    )
+    found = _attention_launch(
+        be,
+        args,
+        q,
+        k,
+        v,
+        want_lse,
+        want_weights,
+        out,
+        attn_mask,
+        valid_lens,
+        None,
+        args.scale,
+        args.softcap or 0.0,
+    )
     return pack(*found)
 
 
-def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=None, *,
-                     valid_lens=None, is_causal=False, causal_alignment="top_left",
-                     window=None, return_weights=False, out=None, num_threads=None):
+def additive_forward(
+    be: Backend,
+    query,
+    key,
+    value,
+    w_q,
+    w_k,
+    w_v,
+    attn_mask=None,
+    *,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
+    return_weights=False,
+    out=None,
+    num_threads=None,
+):
     """:func:`fastattn.additive_attention` on device arrays of ``be``: the projections
     ``q w_q`` and ``k w_k`` by the array module's matmul, the scores, softmax and values
     by the attention kernel (``w_v . tanh(qp + kp)`` per tile, never ``Lq x Lk x hidden``)."""
@@ -416,15 +563,27 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
     w_s = [None if w is None else standin(w) for w in weights_in]
     mask_s = None if attn_mask is None else standin(attn_mask)
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
-    args, _ = additive_args(q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal,
-                            causal_alignment, window)
+    args, _ = additive_args(
+        q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal, causal_alignment, window
+    )
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
         check_out(out_standin(out), args.out_shape, args.result_dtype, {})
-        _check_no_alias(be, out, {"query": query, "key": key, "value": value, "w_q": w_q,
-                                  "w_k": w_k, "w_v": w_v, "attn_mask": attn_mask,
-                                  "valid_lens": valid_lens})
+        _check_no_alias(
+            be,
+            out,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
 
     xp, compute = be.xp, args.compute_dtype
     qp = xp.matmul(_as_dtype(be, with_leading_axes(query, 3), compute), w_q.astype(compute))
@@ -432,10 +591,13 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
     wv = xp.ascontiguousarray(w_v.astype(compute))
     q = xp.broadcast_to(_item_strides(be, qp), args.batch + qp.shape[-3:])
     k = xp.broadcast_to(_item_strides(be, kp), args.batch + kp.shape[-3:])
-    v = xp.broadcast_to(_as_dtype(be, with_leading_axes(value, 3), args.result_dtype),
-                        args.batch + args.value.shape[-3:])
-    output, _, weights = _attention_launch(be, args, q, k, v, False, want_weights, out,
-                                           attn_mask, valid_lens, wv, 1.0, 0.0)
+    v = xp.broadcast_to(
+        _as_dtype(be, with_leading_axes(value, 3), args.result_dtype),
+        args.batch + args.value.shape[-3:],
+    )
+    output, _, weights = _attention_launch(
+        be, args, q, k, v, False, want_weights, out, attn_mask, valid_lens, wv, 1.0, 0.0
+    )
     return pack(output, None, weights)
 
 
@@ -443,13 +605,19 @@ def additive_forward(be: Backend, query, key, value, w_q, w_k, w_v, attn_mask=No
 # masked_softmax
 
 
-def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=None,
-                    num_threads=None):
+def softmax_forward(
+    be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None
+):
     """:func:`fastattn.masked_softmax` on device arrays of ``be``."""
     xp = be.xp
     lens_host = None if valid_lens is None else be.to_host(valid_lens)
-    args = masked_softmax_args(standin(x), lens_host, None if mask is None else standin(mask),
-                               axis, None if out is None else out_standin(out))
+    args = masked_softmax_args(
+        standin(x),
+        lens_host,
+        None if mask is None else standin(mask),
+        axis,
+        None if out is None else out_standin(out),
+    )
     _threads.resolve(num_threads)
     if out is not None:
         _check_no_alias(be, out, {"x": x, "valid_lens": valid_lens, "mask": mask})
@@ -487,18 +655,32 @@ def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=
             return _strides(a)[-axis_from_end]
 
         values = {
-            "kRowGroups": groups, "kRowsPerGroup": per_group, "kRowLength": n,
-            "kInRow": stride(xd, 2), "kInCol": stride(xd, 1),
-            "kKeepRow": stride(keep, 2), "kKeepCol": stride(keep, 1),
+            "kRowGroups": groups,
+            "kRowsPerGroup": per_group,
+            "kRowLength": n,
+            "kInRow": stride(xd, 2),
+            "kInCol": stride(xd, 1),
+            "kKeepRow": stride(keep, 2),
+            "kKeepCol": stride(keep, 1),
             "kRowLensStride": stride(lens, 1),
-            "kResultRow": stride(yd, 2), "kResultCol": stride(yd, 1),
+            "kResultRow": stride(yd, 2),
+            "kResultCol": stride(yd, 1),
         }
         slots = [offsets(xd), offsets(keep), offsets(lens), offsets(yd)]
         params = xp.asarray(_params_block(SOFTMAX_PARAMS, values, slots))
         ptr = be.pointer
-        be.launch(softmax_kernel(dtype), _grid(groups * per_group), BLOCK_THREADS,
-                  (ptr(xd), 0 if keep is None else ptr(keep), 0 if lens is None else ptr(lens),
-                   ptr(yd), ptr(params)))
+        be.launch(
+            softmax_kernel(dtype),
+            _grid(groups * per_group),
+            BLOCK_THREADS,
+            (
+                ptr(xd),
+                0 if keep is None else ptr(keep),
+                0 if lens is None else ptr(lens),
+                ptr(yd),
+                ptr(params),
+            ),
+        )
     if out is not None:
         if target is None:
             out[...] = result
@@ -510,31 +692,75 @@ def softmax_forward(be: Backend, x, valid_lens=None, *, mask=None, axis=-1, out=
 # The public functions' CUDA entries (called by fastattn._sdpa / fastattn._family)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, *, valid_lens=None,
-                                 out=None, **kwargs):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, *, valid_lens=None, out=None, **kwargs
+):
     cupy = sys.modules["cupy"]
-    d = _device_inputs(cupy, {"query": query, "key": key, "value": value,
-                              "attn_mask": attn_mask, "valid_lens": valid_lens})
-    return sdpa_forward(_cupy_backend(), d["query"], d["key"], d["value"], d["attn_mask"],
-                        valid_lens=d["valid_lens"], out=_device_out(cupy, out), **kwargs)
+    d = _device_inputs(
+        cupy,
+        {
+            "query": query,
+            "key": key,
+            "value": value,
+            "attn_mask": attn_mask,
+            "valid_lens": valid_lens,
+        },
+    )
+    return sdpa_forward(
+        _cupy_backend(),
+        d["query"],
+        d["key"],
+        d["value"],
+        d["attn_mask"],
+        valid_lens=d["valid_lens"],
+        out=_device_out(cupy, out),
+        **kwargs,
+    )
 
 
-def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None,
-                       out=None, **kwargs):
+def additive_attention(
+    query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None, out=None, **kwargs
+):
     cupy = sys.modules["cupy"]
-    d = _device_inputs(cupy, {"query": query, "key": key, "value": value, "w_q": w_q,
-                              "w_k": w_k, "w_v": w_v, "attn_mask": attn_mask,
-                              "valid_lens": valid_lens})
-    return additive_forward(_cupy_backend(), d["query"], d["key"], d["value"], d["w_q"],
-                            d["w_k"], d["w_v"], d["attn_mask"], valid_lens=d["valid_lens"],
-                            out=_device_out(cupy, out), **kwargs)
+    d = _device_inputs(
+        cupy,
+        {
+            "query": query,
+            "key": key,
+            "value": value,
+            "w_q": w_q,
+            "w_k": w_k,
+            "w_v": w_v,
+            "attn_mask": attn_mask,
+            "valid_lens": valid_lens,
+        },
+    )
+    return additive_forward(
+        _cupy_backend(),
+        d["query"],
+        d["key"],
+        d["value"],
+        d["w_q"],
+        d["w_k"],
+        d["w_v"],
+        d["attn_mask"],
+        valid_lens=d["valid_lens"],
+        out=_device_out(cupy, out),
+        **kwargs,
+    )
 
 
 def masked_softmax(x, valid_lens=None, *, mask=None, out=None, **kwargs):
     cupy = sys.modules["cupy"]
     d = _device_inputs(cupy, {"x": x, "valid_lens": valid_lens, "mask": mask})
-    return softmax_forward(_cupy_backend(), d["x"], d["valid_lens"], mask=d["mask"],
-                           out=_device_out(cupy, out), **kwargs)
+    return softmax_forward(
+        _cupy_backend(),
+        d["x"],
+        d["valid_lens"],
+        mask=d["mask"],
+        out=_device_out(cupy, out),
+        **kwargs,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -558,7 +784,9 @@ def describe() -> str:
             name = props["name"]
             name = name.decode() if isinstance(name, bytes) else str(name)
             count = cupy.cuda.runtime.getDeviceCount()
-            return (f"CuPy {cupy.__version__}, device {device.id} of {count}: {name} "
-                    f"(sm_{device.compute_capability})")
+            return (
+                f"CuPy {cupy.__version__}, device {device.id} of {count}: {name} "
+                f"(sm_{device.compute_capability})"
+            )
     except Exception as exc:  # a CuPy that cannot load its CUDA libraries
         return f"not available (CuPy failed: {type(exc).__name__}: {exc})"

@@ -96,8 +96,9 @@ def masked_softmax(
     array([0.5, 0. , 0.5, 0. ], dtype=float32)
     """
     if _cuda.uses_gpu(x, valid_lens, mask, out):  # CuPy arrays: computed on the GPU
-        return _cuda.masked_softmax(x, valid_lens, mask=mask, axis=axis, out=out,
-                                    num_threads=num_threads)
+        return _cuda.masked_softmax(
+            x, valid_lens, mask=mask, axis=axis, out=out, num_threads=num_threads
+        )
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
     threads = _threads.resolve(num_threads)
 
@@ -106,9 +107,13 @@ def masked_softmax(
     keep, lens = softmax_masks(args)
     result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
 
-    _core.masked_softmax(x=np.moveaxis(xk, ax, -1), out=np.moveaxis(result, ax, -1),
-                         mask=None if keep is None else np.moveaxis(keep, ax, -1),
-                         valid_lens=lens, num_threads=threads)
+    _core.masked_softmax(
+        x=np.moveaxis(xk, ax, -1),
+        out=np.moveaxis(result, ax, -1),
+        mask=None if keep is None else np.moveaxis(keep, ax, -1),
+        valid_lens=lens,
+        num_threads=threads,
+    )
 
     return finish(result, args.x.shape, args.result_dtype, out, in_place)
 
@@ -140,11 +145,27 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
 
     left, right = args.window
-    _core.additive(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
-                   float_mask=float_mask, valid_lens=lens, weights=weights, w_q=wq, w_k=wk,
-                   w_v=wv, causal=args.is_causal, diag_offset=args.diag_offset,
-                   window_left=left, window_right=right, normalizer=normalizer,
-                   top_k=k_keep, hardmax=hardmax, num_threads=threads)
+    _core.additive(
+        query=q,
+        key=k,
+        value=v,
+        out=result,
+        bool_mask=bool_mask,
+        float_mask=float_mask,
+        valid_lens=lens,
+        weights=weights,
+        w_q=wq,
+        w_k=wk,
+        w_v=wv,
+        causal=args.is_causal,
+        diag_offset=args.diag_offset,
+        window_left=left,
+        window_right=right,
+        normalizer=normalizer,
+        top_k=k_keep,
+        hardmax=hardmax,
+        num_threads=threads,
+    )
 
     return attention_result(args, out, result, in_place, None, weights)
 
@@ -220,17 +241,42 @@ def additive_attention(
     """
     if _cuda.uses_gpu(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, out):
         return _cuda.additive_attention(  # CuPy arrays: computed on the GPU
-            query, key, value, w_q, w_k, w_v, attn_mask, valid_lens=valid_lens,
-            is_causal=is_causal, causal_alignment=causal_alignment, window=window,
-            return_weights=return_weights, out=out, num_threads=num_threads)
-    args, ws = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens,
-                             is_causal, causal_alignment, window)
+            query,
+            key,
+            value,
+            w_q,
+            w_k,
+            w_v,
+            attn_mask,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
+    args, ws = additive_args(
+        query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
+    )
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k,
-                   "w_v": w_v, "attn_mask": attn_mask, "valid_lens": valid_lens})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
     return _additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
@@ -276,8 +322,7 @@ def attention(
     value: ArrayLike,
     attn_mask: ArrayLike | None = None,
     *,
-    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
-                   "additive"] = "scaled_dot",
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian", "additive"] = "scaled_dot",
     normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
     scale: float | None = None,
     weight: ArrayLike | None = None,
@@ -360,22 +405,50 @@ def attention(
     array([[0.731, 0.269, 0.   ],
            [0.   , 0.5  , 0.5  ]])
     """
-    spec = attention_spec(query, key, value, attn_mask, score=score, normalize=normalize,
-                          scale=scale, weight=weight, temperature=temperature,
-                          bandwidth=bandwidth, w_q=w_q, w_k=w_k, w_v=w_v, top_k=top_k,
-                          valid_lens=valid_lens, is_causal=is_causal,
-                          causal_alignment=causal_alignment, window=window)
+    spec = attention_spec(
+        query,
+        key,
+        value,
+        attn_mask,
+        score=score,
+        normalize=normalize,
+        scale=scale,
+        weight=weight,
+        temperature=temperature,
+        bandwidth=bandwidth,
+        w_q=w_q,
+        w_k=w_k,
+        w_v=w_v,
+        top_k=top_k,
+        valid_lens=valid_lens,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        window=window,
+    )
     args = spec.args
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                   "valid_lens": valid_lens, "weight": weight, "w_q": w_q, "w_k": w_k,
-                   "w_v": w_v})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+                "weight": weight,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+            },
+        )
     if spec.score == "additive":
-        return _additive(args, spec.additive, spec.normalize, spec.top_k, want_weights, out,
-                         threads)
+        return _additive(
+            args, spec.additive, spec.normalize, spec.top_k, want_weights, out, threads
+        )
 
     q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads)
     v = to_batch(kernel_ready(args.value, args.compute_dtype), args.batch)
@@ -384,16 +457,43 @@ def attention(
 
     left, right = args.window
     if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
-        _core.sdpa(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
-                   float_mask=float_mask, valid_lens=lens, lse=None, weights=weights,
-                   scale=spec.scale, softcap=0.0, causal=args.is_causal,
-                   diag_offset=args.diag_offset, window_left=left, window_right=right,
-                   num_threads=threads)
+        _core.sdpa(
+            query=q,
+            key=k,
+            value=v,
+            out=result,
+            bool_mask=bool_mask,
+            float_mask=float_mask,
+            valid_lens=lens,
+            lse=None,
+            weights=weights,
+            scale=spec.scale,
+            softcap=0.0,
+            causal=args.is_causal,
+            diag_offset=args.diag_offset,
+            window_left=left,
+            window_right=right,
+            num_threads=threads,
+        )
     else:  # hardmax / top-k: each row's best keys kept in a heap
-        _core.select(query=q, key=k, value=v, out=result, bool_mask=bool_mask,
-                     float_mask=float_mask, valid_lens=lens, weights=weights, scale=spec.scale,
-                     causal=args.is_causal, diag_offset=args.diag_offset, window_left=left,
-                     window_right=right, top_k=k_keep, hardmax=hardmax, num_threads=threads)
+        _core.select(
+            query=q,
+            key=k,
+            value=v,
+            out=result,
+            bool_mask=bool_mask,
+            float_mask=float_mask,
+            valid_lens=lens,
+            weights=weights,
+            scale=spec.scale,
+            causal=args.is_causal,
+            diag_offset=args.diag_offset,
+            window_left=left,
+            window_right=right,
+            top_k=k_keep,
+            hardmax=hardmax,
+            num_threads=threads,
+        )
 
     return attention_result(args, out, result, in_place, None, weights)
 
@@ -461,20 +561,33 @@ def nadaraya_watson(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, ra.out_shape, ra.result_dtype,
-                  {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
+        check_out(
+            out,
+            ra.out_shape,
+            ra.result_dtype,
+            {"x_query": x_query, "x_keys": x_keys, "y_values": y_values},
+        )
 
     dtype = ra.compute_dtype
     # (batch..., 1, L, D): one head
-    xq, xk, y = (to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
-                 for a in (ra.x_query, ra.x_keys, ra.y_values))
+    xq, xk, y = (
+        to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
+        for a in (ra.x_query, ra.x_keys, ra.y_values)
+    )
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
     result = np.empty(ra.batch + (1, lq, dy), dtype)
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
 
-    _core.nadaraya_watson(x_query=xq, x_keys=xk, y_values=y, out=result, weights=weights,
-                          bandwidth=ra.bandwidth, kernel=KERNELS.index(ra.kernel),
-                          num_threads=threads)
+    _core.nadaraya_watson(
+        x_query=xq,
+        x_keys=xk,
+        y_values=y,
+        out=result,
+        weights=weights,
+        bandwidth=ra.bandwidth,
+        kernel=KERNELS.index(ra.kernel),
+        num_threads=threads,
+    )
 
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
     return pack(output, extra(weights, ra.weights_shape, ra.result_dtype))

@@ -48,8 +48,9 @@ class Projection:
 
     __slots__ = ("_bias", "_dtype", "_name", "_weight")
 
-    def __init__(self, name: str, weight: np.ndarray, bias: np.ndarray | None,
-                 dtype: np.dtype) -> None:
+    def __init__(
+        self, name: str, weight: np.ndarray, bias: np.ndarray | None, dtype: np.dtype
+    ) -> None:
         self._name = name
         self._dtype = dtype
         self._weight = np.array(weight, dtype=dtype)  # own copy
@@ -61,8 +62,9 @@ class Projection:
 
     @weight.setter
     def weight(self, value: ArrayLike) -> None:
-        a = check_parameter(value, f"{self._name}.weight", self._weight.shape,
-                            " (out_features, in_features)")
+        a = check_parameter(
+            value, f"{self._name}.weight", self._weight.shape, " (out_features, in_features)"
+        )
         self._weight = np.array(a, dtype=self._dtype)
 
     @property
@@ -98,8 +100,10 @@ class Projection:
 
     def __repr__(self) -> str:
         out_f, in_f = self._weight.shape
-        return (f"Projection({self._name}: {in_f} -> {out_f}, bias={self._bias is not None}, "
-                f"dtype={self._dtype})")
+        return (
+            f"Projection({self._name}: {in_f} -> {out_f}, bias={self._bias is not None}, "
+            f"dtype={self._dtype})"
+        )
 
 
 class KVCache:
@@ -122,8 +126,9 @@ class KVCache:
     are contiguous, which the kernel reads fastest when one query row scans them all.
     """
 
-    def __init__(self, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: np.dtype) -> None:
+    def __init__(
+        self, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
+    ) -> None:
         self.batch = batch
         self.max_len = max_len
         self.num_kv_heads = num_kv_heads
@@ -149,9 +154,11 @@ class KVCache:
         self.length = 0
 
     def __repr__(self) -> str:
-        return (f"KVCache(batch={self.batch}, length={self.length}, max_len={self.max_len}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"dtype={self.dtype})")
+        return (
+            f"KVCache(batch={self.batch}, length={self.length}, max_len={self.max_len}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"dtype={self.dtype})"
+        )
 
 
 def _xavier_uniform(rng: np.random.Generator, shape: tuple) -> np.ndarray:
@@ -219,14 +226,23 @@ class MultiHeadAttention:
     True
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 kdim: int | None = None, vdim: int | None = None, bias: bool = True,
-                 dtype: DTypeLike = np.float32,
-                 seed: int | np.random.Generator | None = None) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dtype: DTypeLike = np.float32,
+        seed: int | np.random.Generator | None = None,
+    ) -> None:
         self.embed_dim = check_size(embed_dim, "embed_dim")
         self.num_heads = check_size(num_heads, "num_heads")
-        self.num_kv_heads = self.num_heads if num_kv_heads is None else check_size(
-            num_kv_heads, "num_kv_heads")
+        self.num_kv_heads = (
+            self.num_heads if num_kv_heads is None else check_size(num_kv_heads, "num_kv_heads")
+        )
         self.kdim = self.embed_dim if kdim is None else check_size(kdim, "kdim")
         self.vdim = self.embed_dim if vdim is None else check_size(vdim, "vdim")
         self.bias = check_flag(bias, "bias")
@@ -261,20 +277,29 @@ class MultiHeadAttention:
     @property
     def _packs_like_torch(self) -> bool:
         """True when torch would hold the in-projections as one packed in_proj_weight."""
-        return (self.kdim == self.vdim == self.embed_dim
-                and self.num_kv_heads == self.num_heads)
+        return self.kdim == self.vdim == self.embed_dim and self.num_kv_heads == self.num_heads
 
     def __repr__(self) -> str:
-        return (f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
-                f"bias={self.bias}, dtype={self.dtype})")
+        return (
+            f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
+            f"bias={self.bias}, dtype={self.dtype})"
+        )
 
-    def __call__(self, query: ArrayLike, key: ArrayLike | None = None,
-                 value: ArrayLike | None = None, *, attn_mask: ArrayLike | None = None,
-                 valid_lens: ArrayLike | None = None, is_causal: bool = False,
-                 need_weights: bool = False, average_attn_weights: bool = True,
-                 kv_cache: KVCache | None = None, num_threads: int | None = None,
-                 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
+    def __call__(
+        self,
+        query: ArrayLike,
+        key: ArrayLike | None = None,
+        value: ArrayLike | None = None,
+        *,
+        attn_mask: ArrayLike | None = None,
+        valid_lens: ArrayLike | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+        num_threads: int | None = None,
+    ) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
         """Attend from ``query`` to ``key``/``value``.
 
         Parameters
@@ -314,8 +339,9 @@ class MultiHeadAttention:
         out : ndarray, shape ``(B, Lq, embed_dim)`` (unbatched ``(Lq, embed_dim)``), or
         ``(out, weights)`` when ``need_weights``.
         """
-        q_in, k_in, v_in, batched = layer_inputs(query, key, value, self.embed_dim,
-                                                 self.kdim, self.vdim)
+        q_in, k_in, v_in, batched = layer_inputs(
+            query, key, value, self.embed_dim, self.kdim, self.vdim
+        )
         causal = check_flag(is_causal, "is_causal")
         want_weights = check_flag(need_weights, "need_weights")
         average = check_flag(average_attn_weights, "average_attn_weights")
@@ -331,8 +357,9 @@ class MultiHeadAttention:
             v = split_heads(self.v_proj(v_in), self.num_kv_heads)
             alignment = "top_left"
         else:
-            start, stop = kv_cache_rows(kv_cache, KVCache, (self.num_kv_heads, self.head_dim,
-                                                             self.dtype), b, k_in.shape[1])
+            start, stop = kv_cache_rows(
+                kv_cache, KVCache, (self.num_kv_heads, self.head_dim, self.dtype), b, k_in.shape[1]
+            )
             # Project the new positions straight into the cache's rows.
             self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, start:stop])
             self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, start:stop])
@@ -344,15 +371,30 @@ class MultiHeadAttention:
             # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
             # call needs no out= and takes the core's fast path (which declines out=).
             merged = result = scaled_dot_product_attention(
-                q, k, v, attn_mask, valid_lens=vl, is_causal=causal,
-                causal_alignment=alignment, num_threads=num_threads)
+                q,
+                k,
+                v,
+                attn_mask,
+                valid_lens=vl,
+                is_causal=causal,
+                causal_alignment=alignment,
+                num_threads=num_threads,
+            )
         else:
             # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
             merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
             result = scaled_dot_product_attention(
-                q, k, v, attn_mask, valid_lens=vl, is_causal=causal,
-                causal_alignment=alignment, return_weights=want_weights,
-                out=merged.swapaxes(1, 2), num_threads=num_threads)
+                q,
+                k,
+                v,
+                attn_mask,
+                valid_lens=vl,
+                is_causal=causal,
+                causal_alignment=alignment,
+                return_weights=want_weights,
+                out=merged.swapaxes(1, 2),
+                num_threads=num_threads,
+            )
         if kv_cache is not None:
             kv_cache.length = stop  # only once the call has succeeded
         out = self.out_proj(merged.reshape(b, num_q, self.embed_dim))
@@ -380,8 +422,13 @@ class MultiHeadAttention:
         >>> len(cache), cache.key.shape
         (3, (1, 2, 3, 4))
         """
-        return KVCache(check_size(batch, "batch"), check_size(max_len, "max_len"),
-                       self.num_kv_heads, self.head_dim, self.dtype)
+        return KVCache(
+            check_size(batch, "batch"),
+            check_size(max_len, "max_len"),
+            self.num_kv_heads,
+            self.head_dim,
+            self.dtype,
+        )
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The weights under ``torch.nn.MultiheadAttention``'s state_dict names (NumPy
@@ -404,15 +451,17 @@ class MultiHeadAttention:
                 sd[f"{name}_proj_weight"] = w.copy()
         if self.bias:
             sd["in_proj_bias"] = np.concatenate(
-                [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+                [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]
+            )
         sd["out_proj.weight"] = self.out_proj.weight.copy()
         if self.bias:
             sd["out_proj.bias"] = self.out_proj.bias.copy()
         return sd
 
     @classmethod
-    def from_torch(cls, state_dict: Mapping[str, Any], num_heads: int, *,
-                   dtype: DTypeLike | None = None) -> MultiHeadAttention:
+    def from_torch(
+        cls, state_dict: Mapping[str, Any], num_heads: int, *, dtype: DTypeLike | None = None
+    ) -> MultiHeadAttention:
         """A layer holding the weights of a ``torch.nn.MultiheadAttention``.
 
         Parameters
@@ -447,12 +496,20 @@ class MultiHeadAttention:
         sd, (wq, wk, wv, wo), has_bias = torch_state_dict(state_dict)
         if dtype is None:
             dtype = np.result_type(*sd.values())
-        layer = cls(wo.shape[0], num_heads, kdim=wk.shape[1], vdim=wv.shape[1], bias=has_bias,
-                    dtype=dtype, seed=0)
+        layer = cls(
+            wo.shape[0],
+            num_heads,
+            kdim=wk.shape[1],
+            vdim=wv.shape[1],
+            bias=has_bias,
+            dtype=dtype,
+            seed=0,
+        )
         layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight = wq, wk, wv
         layer.out_proj.weight = wo
         if has_bias:
             layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias = np.split(
-                sd["in_proj_bias"], 3)
+                sd["in_proj_bias"], 3
+            )
             layer.out_proj.bias = sd["out_proj.bias"]
         return layer

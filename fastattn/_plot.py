@@ -17,16 +17,21 @@ def _labels(labels, count: int, name: str, axis: str):
         return None
     labels = [str(t) for t in labels]
     if len(labels) != count:
-        raise ValueError(
-            f"{name} has {len(labels)} labels but weights has {count} {axis}"
-        )
+        raise ValueError(f"{name} has {len(labels)} labels but weights has {count} {axis}")
     return labels
 
 
-def plot_attention(weights: ArrayLike, x_labels: Sequence[object] | None = None,
-                   y_labels: Sequence[object] | None = None, ax: Any = None, *,
-                   cmap: Any = "viridis", colorbar: bool = True, vmin: float | None = None,
-                   vmax: float | None = None) -> Any:
+def plot_attention(
+    weights: ArrayLike,
+    x_labels: Sequence[object] | None = None,
+    y_labels: Sequence[object] | None = None,
+    ax: Any = None,
+    *,
+    cmap: Any = "viridis",
+    colorbar: bool = True,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> Any:
     """Draw an attention-weights matrix as a heatmap: one row per query, one column per key.
 
     Parameters
@@ -86,8 +91,14 @@ def plot_attention(weights: ArrayLike, x_labels: Sequence[object] | None = None,
 
         ax = plt.gca()
 
-    image = ax.imshow(w.astype(np.float64), cmap=cmap, vmin=vmin, vmax=vmax,
-                      aspect="auto", interpolation="nearest")
+    image = ax.imshow(
+        w.astype(np.float64),
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        aspect="auto",
+        interpolation="nearest",
+    )
     if xs is not None:
         ax.set_xticks(np.arange(len(xs)))
         ax.set_xticklabels(xs, rotation=60, ha="right", rotation_mode="anchor")

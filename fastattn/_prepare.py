@@ -86,8 +86,10 @@ def attention_masks(args: SdpaArgs):
     bool_mask = float_mask = lens = None
     if args.attn_mask is not None:
         m = args.attn_mask
-        full = np.broadcast_to(item_aligned(m, m.dtype if m.dtype == np.bool_
-                                            else args.compute_dtype), args.full_scores_shape)
+        full = np.broadcast_to(
+            item_aligned(m, m.dtype if m.dtype == np.bool_ else args.compute_dtype),
+            args.full_scores_shape,
+        )
         if full.dtype == np.bool_:
             bool_mask = full
         else:
@@ -160,5 +162,8 @@ def attention_result(args: SdpaArgs, out, result, in_place, lse, weights):
     output = finish(result, args.out_shape, args.result_dtype, out, in_place)
     if lse is None and weights is None:
         return output
-    return pack(output, extra(lse, args.out_shape[:-1]),
-                extra(weights, args.scores_shape, args.result_dtype))
+    return pack(
+        output,
+        extra(lse, args.out_shape[:-1]),
+        extra(weights, args.scores_shape, args.result_dtype),
+    )

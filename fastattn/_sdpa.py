@@ -119,27 +119,68 @@ def scaled_dot_product_attention(
     if _fast_path:
         # The common call, checked and computed by the core; None: take the full path.
         result = _core.sdpa_fast(
-            query=query, key=key, value=value, attn_mask=attn_mask, valid_lens=valid_lens,
-            is_causal=is_causal, causal_alignment=causal_alignment, window=window,
-            scale=scale, softcap=softcap, return_lse=return_lse,
-            return_weights=return_weights, out=out, num_threads=num_threads)
+            query=query,
+            key=key,
+            value=value,
+            attn_mask=attn_mask,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            return_lse=return_lse,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
         if result is not None:
             return result
     if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
         return _cuda.scaled_dot_product_attention(
-            query, key, value, attn_mask, valid_lens=valid_lens, is_causal=is_causal,
-            causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
-            return_lse=return_lse, return_weights=return_weights, out=out,
-            num_threads=num_threads)
-    args = sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                     window, scale, softcap)
+            query,
+            key,
+            value,
+            attn_mask,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            return_lse=return_lse,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
+    args = sdpa_args(
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+    )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                   "valid_lens": valid_lens})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
 
     dtype, batch = args.compute_dtype, args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
@@ -150,10 +191,24 @@ def scaled_dot_product_attention(
     result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
 
     left, right = args.window
-    _core.sdpa(query=q, key=k, value=v, out=result, bool_mask=bool_mask, float_mask=float_mask,
-               valid_lens=lens, lse=lse, weights=weights, scale=args.scale,
-               softcap=args.softcap or 0.0, causal=args.is_causal, diag_offset=args.diag_offset,
-               window_left=left, window_right=right, num_threads=threads)
+    _core.sdpa(
+        query=q,
+        key=k,
+        value=v,
+        out=result,
+        bool_mask=bool_mask,
+        float_mask=float_mask,
+        valid_lens=lens,
+        lse=lse,
+        weights=weights,
+        scale=args.scale,
+        softcap=args.softcap or 0.0,
+        causal=args.is_causal,
+        diag_offset=args.diag_offset,
+        window_left=left,
+        window_right=right,
+        num_threads=threads,
+    )
 
     return attention_result(args, out, result, in_place, lse, weights)
 
@@ -215,7 +270,8 @@ def merge_attention_states(
     if _cuda.uses_gpu(out, *_gpu_candidates(outputs), *_gpu_candidates(lses)):
         raise NotImplementedError(
             "merge_attention_states does not run on CuPy arrays: pass NumPy arrays "
-            "(e.g. cupy.asnumpy)")
+            "(e.g. cupy.asnumpy)"
+        )
     args = merge_states_args(outputs, lses)
     threads = _threads.resolve(num_threads)
     if out is not None:

@@ -123,8 +123,9 @@ if hasattr(os, "register_at_fork"):
 def _push_defaults() -> None:
     """Tell the core's fast path (which resolves a call's count without Python) this
     module's state: the setting, the cap, the CPUs and whether this is a forked child."""
-    _core.set_thread_defaults(setting=_setting or 0, cap=_CAP, cpus=_available_cpus(),
-                              forked=_forked_child)
+    _core.set_thread_defaults(
+        setting=_setting or 0, cap=_CAP, cpus=_available_cpus(), forked=_forked_child
+    )
 
 
 _push_defaults()

@@ -112,7 +112,9 @@ def check_window(window: object) -> tuple[int, int]:
 
 def check_alignment(causal_alignment: object) -> None:
     if not isinstance(causal_alignment, str) or causal_alignment not in (
-            "top_left", "bottom_right"):
+        "top_left",
+        "bottom_right",
+    ):
         raise ValueError(
             f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}"
         )
@@ -197,9 +199,7 @@ def check_valid_lens(valid_lens: object, rows_shape: tuple, num_keys: int) -> np
     if vl.dtype.kind not in "iu":
         raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
     rows_shape = tuple(rows_shape)
-    if vl.ndim > len(rows_shape) or any(
-        n not in (1, r) for n, r in zip(vl.shape, rows_shape)
-    ):
+    if vl.ndim > len(rows_shape) or any(n not in (1, r) for n, r in zip(vl.shape, rows_shape)):
         raise ValueError(
             f"valid_lens of shape {vl.shape} is not a leading prefix of the score rows' shape "
             f"{rows_shape} (size-1 axes broadcast): e.g. {rows_shape[:1]} for one length per "
@@ -289,8 +289,18 @@ class SdpaArgs:
         return self.out_shape[:-1] + (self.key.shape[-2],)
 
 
-def _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window,
-            weights=(), same_features=True) -> SdpaArgs:
+def _layout(
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    is_causal,
+    causal_alignment,
+    window,
+    weights=(),
+    same_features=True,
+) -> SdpaArgs:
     """The layout rules shared by every attention function (``scale``/``softcap`` left at
     1 / None). ``same_features``: query and key must have the same feature size E >= 1
     (else each is projected on its own). The dtypes of ``weights`` join the result's."""
@@ -321,23 +331,20 @@ def _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignmen
                 f"(query {q.shape}, key {k.shape})"
             )
         if e == 0:
-            raise ValueError(
-                f"query and key must have a feature size E >= 1, got shape {q.shape}")
+            raise ValueError(f"query and key must have a feature size E >= 1, got shape {q.shape}")
     if lv != lk:
         raise ValueError(
             f"value has {lv} positions (axis -2) but key has {lk} (key {k.shape}, value {v.shape})"
         )
     if hv != hkv:
-        raise ValueError(
-            f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})"
-        )
+        raise ValueError(f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})")
     if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
         raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
     if len(batch) > _MAX_BATCH_DIMS:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
 
     full_out = batch + (hq, lq, ev)
-    out_shape = full_out[len(full_out) - out_ndim:]
+    out_shape = full_out[len(full_out) - out_ndim :]
     scores = out_shape[:-1] + (lk,)
     mask = None if attn_mask is None else check_attn_mask(attn_mask, "attn_mask", scores)
     vl = None if valid_lens is None else check_valid_lens(valid_lens, scores[:-1], lk)
@@ -345,28 +352,39 @@ def _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignmen
     check_alignment(causal_alignment)
     win = check_window(window)
     return SdpaArgs(
-        query=q3, key=k3, value=v3, batch=batch, attn_mask=mask, valid_lens=vl,
-        result_dtype=result, compute_dtype=compute, out_shape=out_shape,
-        full_out_shape=full_out, scale=1.0, softcap=None, is_causal=causal,
-        diag_offset=(lk - lq) if causal_alignment == "bottom_right" else 0, window=win,
+        query=q3,
+        key=k3,
+        value=v3,
+        batch=batch,
+        attn_mask=mask,
+        valid_lens=vl,
+        result_dtype=result,
+        compute_dtype=compute,
+        out_shape=out_shape,
+        full_out_shape=full_out,
+        scale=1.0,
+        softcap=None,
+        is_causal=causal,
+        diag_offset=(lk - lq) if causal_alignment == "bottom_right" else 0,
+        window=win,
     )
 
 
 def _check_scale(scale: object, args: SdpaArgs) -> float:
     """``scale`` (default ``1 / sqrt(E)``), finite in the compute dtype."""
-    value = 1.0 / math.sqrt(args.query.shape[-1]) if scale is None else check_real(
-        scale, "scale")
+    value = 1.0 / math.sqrt(args.query.shape[-1]) if scale is None else check_real(scale, "scale")
     limit = _FINFO_MAX[args.compute_dtype]
     if abs(value) > limit:
-        raise ValueError(f"scale must be finite in {args.compute_dtype} "
-                         f"(|scale| <= {limit:.3g}), got {scale}")
+        raise ValueError(
+            f"scale must be finite in {args.compute_dtype} (|scale| <= {limit:.3g}), got {scale}"
+        )
     return value
 
 
-def sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window,
-              scale, softcap) -> SdpaArgs:
-    args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                   window)
+def sdpa_args(
+    query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, scale, softcap
+) -> SdpaArgs:
+    args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window)
     args.scale = _check_scale(scale, args)
     cap = None if softcap is None else check_real(softcap, "softcap", positive=True)
     if cap is not None and cap > _FINFO_MAX[args.compute_dtype]:
@@ -419,7 +437,8 @@ def merge_states_args(outputs: object, lses: object) -> MergeArgs:
     # float_array (and its message's name) only where the common case does not hold: a
     # call's overhead is per part.
     outs = [
-        o if type(o) is np.ndarray and o.dtype in _NATIVE_KERNEL_DTYPES and o.ndim >= 2
+        o
+        if type(o) is np.ndarray and o.dtype in _NATIVE_KERNEL_DTYPES and o.ndim >= 2
         else float_array(o, f"outputs[{i}]", min_ndim=2)
         for i, o in enumerate(outs)
     ]
@@ -431,7 +450,8 @@ def merge_states_args(outputs: object, lses: object) -> MergeArgs:
                 "part must have the same shape (parts do not broadcast)"
             )
     ls = [
-        x if type(x) is np.ndarray and x.dtype in _NATIVE_KERNEL_DTYPES
+        x
+        if type(x) is np.ndarray and x.dtype in _NATIVE_KERNEL_DTYPES
         else float_array(x, f"lses[{i}]", min_ndim=0)
         for i, x in enumerate(ls)
     ]
@@ -468,12 +488,26 @@ def additive_weights(w_q, w_k, w_v, dim_q: int, dim_k: int) -> AdditiveWeights:
     return AdditiveWeights(wq, wk, wv)
 
 
-def additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal,
-                  causal_alignment, window) -> tuple[SdpaArgs, AdditiveWeights]:
-    ws = [float_array(w, n, min_ndim=0) for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))
-          if w is not None]
-    args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                   window, weights=ws, same_features=False)
+def additive_args(
+    query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
+) -> tuple[SdpaArgs, AdditiveWeights]:
+    ws = [
+        float_array(w, n, min_ndim=0)
+        for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))
+        if w is not None
+    ]
+    args = _layout(
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+        weights=ws,
+        same_features=False,
+    )
     return args, additive_weights(w_q, w_k, w_v, args.query.shape[-1], args.key.shape[-1])
 
 
@@ -493,13 +527,38 @@ class AttentionSpec:
     bandwidth: float | None = None  # gaussian
 
 
-def attention_spec(query, key, value, attn_mask, *, score, normalize, scale, weight,
-                   temperature, bandwidth, w_q, w_k, w_v, top_k, valid_lens, is_causal,
-                   causal_alignment, window) -> AttentionSpec:
+def attention_spec(
+    query,
+    key,
+    value,
+    attn_mask,
+    *,
+    score,
+    normalize,
+    scale,
+    weight,
+    temperature,
+    bandwidth,
+    w_q,
+    w_k,
+    w_v,
+    top_k,
+    valid_lens,
+    is_causal,
+    causal_alignment,
+    window,
+) -> AttentionSpec:
     score = check_choice(score, "score", SCORES)
     normalize = check_choice(normalize, "normalize", NORMALIZERS)
-    given = {"scale": scale, "weight": weight, "temperature": temperature,
-             "bandwidth": bandwidth, "w_q": w_q, "w_k": w_k, "w_v": w_v}
+    given = {
+        "scale": scale,
+        "weight": weight,
+        "temperature": temperature,
+        "bandwidth": bandwidth,
+        "w_q": w_q,
+        "w_k": w_k,
+        "w_v": w_v,
+    }
     for name, val in given.items():
         if val is not None and name not in _SCORE_PARAMS[score]:
             users = [s for s, ps in _SCORE_PARAMS.items() if name in ps]
@@ -511,22 +570,45 @@ def attention_spec(query, key, value, attn_mask, *, score, normalize, scale, wei
             raise ValueError("normalize='topk' needs top_k= (the number of keys kept per row)")
         k = check_size(top_k, "top_k")
     elif top_k is not None:
-        raise ValueError(f"top_k= is a parameter of normalize='topk', not of "
-                         f"normalize={normalize!r}")
+        raise ValueError(
+            f"top_k= is a parameter of normalize='topk', not of normalize={normalize!r}"
+        )
     else:
         k = None
 
     if score == "additive":
-        args, aw = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens,
-                                 is_causal, causal_alignment, window)
+        args, aw = additive_args(
+            query,
+            key,
+            value,
+            w_q,
+            w_k,
+            w_v,
+            attn_mask,
+            valid_lens,
+            is_causal,
+            causal_alignment,
+            window,
+        )
         return AttentionSpec(args, score, normalize, k, 1.0, additive=aw)
     if score == "general":
         if weight is None:
-            raise ValueError("score='general' needs weight= of shape (query features, "
-                             "key features)")
+            raise ValueError(
+                "score='general' needs weight= of shape (query features, key features)"
+            )
         wt = float_array(weight, "weight", min_ndim=0)
-        args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                       window, weights=[wt], same_features=False)
+        args = _layout(
+            query,
+            key,
+            value,
+            attn_mask,
+            valid_lens,
+            is_causal,
+            causal_alignment,
+            window,
+            weights=[wt],
+            same_features=False,
+        )
         eq, ek = args.query.shape[-1], args.key.shape[-1]
         if wt.shape != (eq, ek):
             raise ValueError(
@@ -534,20 +616,30 @@ def attention_spec(query, key, value, attn_mask, *, score, normalize, scale, wei
                 f"got shape {wt.shape}"
             )
         if ek == 0:
-            raise ValueError(f"query and key must have a feature size E >= 1, got key shape "
-                             f"{np.shape(key)}")
+            raise ValueError(
+                f"query and key must have a feature size E >= 1, got key shape {np.shape(key)}"
+            )
         return AttentionSpec(args, score, normalize, k, 1.0, weight=wt)
 
-    args = sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                     window, scale if score == "scaled_dot" else None, None)
+    args = sdpa_args(
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+        scale if score == "scaled_dot" else None,
+        None,
+    )
     dtype = args.compute_dtype
     if score == "dot":
         factor = 1.0
     elif score == "scaled_dot":
         factor = args.scale
     elif score == "cosine":
-        t = 1.0 if temperature is None else check_real(temperature, "temperature",
-                                                        positive=True)
+        t = 1.0 if temperature is None else check_real(temperature, "temperature", positive=True)
         factor = _inverse_power(t, 1, "temperature", dtype, "1 / temperature")
     else:  # gaussian
         h = 1.0 if bandwidth is None else check_real(bandwidth, "bandwidth", positive=True)
@@ -571,7 +663,7 @@ class SoftmaxArgs:
 
     @property
     def rows_shape(self) -> tuple:
-        return self.x.shape[:self.axis] + self.x.shape[self.axis + 1:]
+        return self.x.shape[: self.axis] + self.x.shape[self.axis + 1 :]
 
 
 def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
@@ -590,7 +682,7 @@ def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
         check_out(out, a.shape, result, {"x": x, "valid_lens": valid_lens, "mask": mask})
     vl = None
     if valid_lens is not None:
-        vl = check_valid_lens(valid_lens, a.shape[:ax] + a.shape[ax + 1:], a.shape[ax])
+        vl = check_valid_lens(valid_lens, a.shape[:ax] + a.shape[ax + 1 :], a.shape[ax])
     m = None
     if mask is not None:
         m = np.asarray(mask)
@@ -633,8 +725,7 @@ def _features(x: object, name: str) -> np.ndarray:
     if a.ndim == 1:  # scalar features
         a = a[:, None]
     if a.shape[-1] == 0:
-        raise ValueError(f"{name} must have at least one feature (last axis), got shape "
-                         f"{a.shape}")
+        raise ValueError(f"{name} must have at least one feature (last axis), got shape {a.shape}")
     return a
 
 
@@ -706,8 +797,18 @@ def regression_args(x_query, x_keys, y_values, kernel, bandwidth) -> RegressionA
         ) from None
     lq = xq.shape[-2]
     out_shape = batch + ((lq,) if scalar_y else (lq, y.shape[-1]))
-    return RegressionArgs(xq, xk, y, batch, kernel, np.broadcast_to(h, batch), result,
-                          compute, out_shape, batch + (lq, xk.shape[-2]))
+    return RegressionArgs(
+        xq,
+        xk,
+        y,
+        batch,
+        kernel,
+        np.broadcast_to(h, batch),
+        result,
+        compute,
+        out_shape,
+        batch + (lq, xk.shape[-2]),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -813,8 +914,11 @@ def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
         raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
     rows = (batch, num_q) if batched else (num_q,)
     if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
-        forms = "(B,) for one length per sequence or (B, Lq) for one per query" if batched \
+        forms = (
+            "(B,) for one length per sequence or (B, Lq) for one per query"
+            if batched
             else "() for one length or (Lq,) for one per query"
+        )
         raise ValueError(
             f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
             f"expected {forms} (size-1 axes broadcast)"
@@ -836,15 +940,20 @@ def check_unbatched_mask(attn_mask: object, batched: bool):
     return attn_mask
 
 
-def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias,
-                       v_bias, out_bias):
+def projection_weights(
+    num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias, v_bias, out_bias
+):
     """The functional form's weights checked: ``(num_kv_heads, [(weight, bias)] * 4)`` with
     ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``, ``v_weight (Hkv * D, vdim)``,
     ``out_weight (E, E)``, ``D = E // num_heads``; each bias ``(out_features,)`` or None."""
     heads = check_size(num_heads, "num_heads")
     pairs = []
-    for name, w, b in (("q", q_weight, q_bias), ("k", k_weight, k_bias),
-                       ("v", v_weight, v_bias), ("out", out_weight, out_bias)):
+    for name, w, b in (
+        ("q", q_weight, q_bias),
+        ("k", k_weight, k_bias),
+        ("v", v_weight, v_bias),
+        ("out", out_weight, out_bias),
+    ):
         w = float_array(w, f"{name}_weight")
         if w.ndim != 2:
             raise ValueError(
@@ -882,8 +991,9 @@ def projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight, q_bi
     return num_kv, pairs
 
 
-def kv_cache_rows(cache: object, cache_type: type, layout: tuple, batch: int,
-                  num_new: int) -> tuple[int, int]:
+def kv_cache_rows(
+    cache: object, cache_type: type, layout: tuple, batch: int, num_new: int
+) -> tuple[int, int]:
     """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checking that
     it is a ``cache_type`` (the KVCache class) of the layer's ``layout`` (num_kv_heads,
     head_dim, dtype) and batch, with room for them."""
@@ -928,8 +1038,15 @@ def _to_numpy(value: object, name: str) -> np.ndarray:
     return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
 
 
-_TORCH_KEYS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-               "in_proj_bias", "out_proj.weight", "out_proj.bias")
+_TORCH_KEYS = (
+    "in_proj_weight",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "in_proj_bias",
+    "out_proj.weight",
+    "out_proj.bias",
+)
 
 
 def torch_state_dict(state_dict: object) -> tuple[dict, tuple, bool]:
@@ -957,16 +1074,12 @@ def torch_state_dict(state_dict: object) -> tuple[dict, tuple, bool]:
         raise ValueError("state_dict has no 'out_proj.weight'")
     wo = sd["out_proj.weight"]
     if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-        raise ValueError(
-            f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}"
-        )
+        raise ValueError(f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}")
     e = wo.shape[0]
     separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
     if "in_proj_weight" in sd:
         if set(separate) & names:
-            raise ValueError(
-                "state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight"
-            )
+            raise ValueError("state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight")
         w = sd["in_proj_weight"]
         if w.shape != (3 * e, e):
             raise ValueError(

@@ -48,8 +48,9 @@ __all__ = [
 ]
 
 
-def _visible_keys(num_q: int, num_k: int, diag_offset: int, is_causal: bool,
-                  window: tuple[int, int]) -> np.ndarray:
+def _visible_keys(
+    num_q: int, num_k: int, diag_offset: int, is_causal: bool, window: tuple[int, int]
+) -> np.ndarray:
     """(Lq, Lk) bool: key j visible to row i under causal/window (alignment applied)."""
     i = np.arange(num_q)[:, None] + diag_offset
     j = np.arange(num_k)[None, :]
@@ -67,8 +68,9 @@ def _visible_keys(num_q: int, num_k: int, diag_offset: int, is_causal: bool,
 def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
     """Masked softmax over the last axis in float64: (weights, lse); empty rows -> 0, -inf."""
     s = np.where(allowed, scores, -np.inf)
-    row_max = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(
-        s.shape[:-1] + (1,), -np.inf)
+    row_max = (
+        s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf)
+    )
     empty = row_max == -np.inf
     # a +inf score: inf - inf = NaN, the row is NaN; -max - max may overflow to -inf (e^-inf = 0)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -108,15 +110,34 @@ def scaled_dot_product_attention(
     >>> reference.scaled_dot_product_attention(q, k, v, is_causal=True)[0]
     array([1., 0.])
     """
-    args = sdpa_args(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment,
-                     window, scale, softcap)
+    args = sdpa_args(
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+    )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                   "valid_lens": valid_lens})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
 
     q, k, v = _full_qkv(args)
     _, float_mask, _ = attention_masks(args)
@@ -264,8 +285,9 @@ def multi_head_attention(
     array([[2., 3., 4., 5.],
            [2., 3., 4., 5.]])
     """
-    num_kv, pairs = projection_weights(num_heads, q_weight, k_weight, v_weight, out_weight,
-                                       q_bias, k_bias, v_bias, out_bias)
+    num_kv, pairs = projection_weights(
+        num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias, v_bias, out_bias
+    )
     (wq, bq), (wk, bk), (wv, bv), (wo, bo) = pairs
     e = wq.shape[1]
     q_in, k_in, v_in, batched = layer_inputs(query, key, value, e, wk.shape[1], wv.shape[1])
@@ -274,8 +296,9 @@ def multi_head_attention(
     check_unbatched_mask(attn_mask, batched)
     b, num_q = q_in.shape[:2]
     vl = head_valid_lens(valid_lens, b, num_q, batched)
-    result, _ = result_dtypes(q_in, k_in, v_in, *[a for pair in pairs for a in pair
-                                                  if a is not None])
+    result, _ = result_dtypes(
+        q_in, k_in, v_in, *[a for pair in pairs for a in pair if a is not None]
+    )
 
     def project(x, w, bias):
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs propagate
@@ -285,10 +308,16 @@ def multi_head_attention(
     q = split_heads(project(q_in, wq, bq), num_heads)
     k = split_heads(project(k_in, wk, bk), num_kv)
     v = split_heads(project(v_in, wv, bv), num_kv)
-    attended = scaled_dot_product_attention(q, k, v, attn_mask, valid_lens=vl,
-                                            is_causal=is_causal,
-                                            causal_alignment=causal_alignment,
-                                            return_weights=want_weights)
+    attended = scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask,
+        valid_lens=vl,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        return_weights=want_weights,
+    )
     heads, weights = attended if want_weights else (attended, None)
     out = project(heads.swapaxes(1, 2).reshape(b, num_q, e), wo, bo).astype(result)
     if not batched:
@@ -310,7 +339,8 @@ def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
     bool_mask, _, lens = attention_masks(args)
     allowed = np.broadcast_to(
         _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
-        args.full_scores_shape)
+        args.full_scores_shape,
+    )
     if lens is not None:
         allowed = allowed & (np.arange(num_k) < lens[..., None])
     if bool_mask is not None:
@@ -328,8 +358,9 @@ def _weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
         return terms.sum(axis=-2)  # inf + -inf = NaN
 
 
-def _normalize_rows(scores: np.ndarray, allowed: np.ndarray, normalize: str,
-                    top_k: int | None) -> np.ndarray:
+def _normalize_rows(
+    scores: np.ndarray, allowed: np.ndarray, normalize: str, top_k: int | None
+) -> np.ndarray:
     """Weights over the last axis. softmax: the masked softmax. hardmax: weight 1 on the
     first highest visible score. topk: a softmax over the top_k highest visible scores
     (ties keep the first keys). Scores of -inf count as masked; a NaN among the visible
@@ -381,8 +412,9 @@ def _family_result(args, scores, normalize, top_k, v, want_weights, out):
 
 def _full_qkv(args):
     """q, k, v in float64, broadcast to the batch, kv heads repeated for each query head."""
-    q, k, v = (to_batch(a, args.batch).astype(np.float64)
-               for a in (args.query, args.key, args.value))
+    q, k, v = (
+        to_batch(a, args.batch).astype(np.float64) for a in (args.query, args.key, args.value)
+    )
     group = q.shape[-3] // max(k.shape[-3], 1)  # zero heads: nothing to repeat
     return q, np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
 
@@ -413,14 +445,27 @@ def additive_attention(
     >>> reference.additive_attention(q, k, v, np.eye(2), np.eye(2), np.ones(2))
     array([[1.]])
     """
-    args, ws = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens,
-                             is_causal, causal_alignment, window)
+    args, ws = additive_args(
+        query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
+    )
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k,
-                   "w_v": w_v, "attn_mask": attn_mask, "valid_lens": valid_lens})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
     q, k, v = _full_qkv(args)
     scores = _additive_scores(q, k, ws)
     return _family_result(args, scores, "softmax", None, v, want_weights, out)
@@ -432,8 +477,7 @@ def attention(
     value: ArrayLike,
     attn_mask: ArrayLike | None = None,
     *,
-    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian",
-                   "additive"] = "scaled_dot",
+    score: Literal["dot", "scaled_dot", "general", "cosine", "gaussian", "additive"] = "scaled_dot",
     normalize: Literal["softmax", "hardmax", "topk"] = "softmax",
     scale: float | None = None,
     weight: ArrayLike | None = None,
@@ -462,19 +506,46 @@ def attention(
     array([[1., 0., 0.],
            [0., 0., 1.]])
     """
-    spec = attention_spec(query, key, value, attn_mask, score=score, normalize=normalize,
-                          scale=scale, weight=weight, temperature=temperature,
-                          bandwidth=bandwidth, w_q=w_q, w_k=w_k, w_v=w_v, top_k=top_k,
-                          valid_lens=valid_lens, is_causal=is_causal,
-                          causal_alignment=causal_alignment, window=window)
+    spec = attention_spec(
+        query,
+        key,
+        value,
+        attn_mask,
+        score=score,
+        normalize=normalize,
+        scale=scale,
+        weight=weight,
+        temperature=temperature,
+        bandwidth=bandwidth,
+        w_q=w_q,
+        w_k=w_k,
+        w_v=w_v,
+        top_k=top_k,
+        valid_lens=valid_lens,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        window=window,
+    )
     args = spec.args
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, args.out_shape, args.result_dtype,
-                  {"query": query, "key": key, "value": value, "attn_mask": attn_mask,
-                   "valid_lens": valid_lens, "weight": weight, "w_q": w_q, "w_k": w_k,
-                   "w_v": w_v})
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+                "weight": weight,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+            },
+        )
     q, k, v = _full_qkv(args)
     kt = np.swapaxes(k, -1, -2)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -517,10 +588,15 @@ def nadaraya_watson(
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     if out is not None:
-        check_out(out, ra.out_shape, ra.result_dtype,
-                  {"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
-    xq, xk, y = (to_batch(a, ra.batch, 2).astype(np.float64)
-                 for a in (ra.x_query, ra.x_keys, ra.y_values))
+        check_out(
+            out,
+            ra.out_shape,
+            ra.result_dtype,
+            {"x_query": x_query, "x_keys": x_keys, "y_values": y_values},
+        )
+    xq, xk, y = (
+        to_batch(a, ra.batch, 2).astype(np.float64) for a in (ra.x_query, ra.x_keys, ra.y_values)
+    )
     h = ra.bandwidth[..., None, None]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         diff = xq[..., :, None, :] - xk[..., None, :, :]
@@ -532,8 +608,9 @@ def nadaraya_watson(
             scores = -u * u / 2.0
             weights = _softmax_rows(scores, np.ones(u.shape, dtype=bool))[0]
             # every key infinitely far (an infinite query): 0/0, as for the compact kernels
-            undefined = (np.isnan(weights).any(axis=-1, keepdims=True)
-                         | np.isneginf(scores).all(axis=-1, keepdims=True))
+            undefined = np.isnan(weights).any(axis=-1, keepdims=True) | np.isneginf(scores).all(
+                axis=-1, keepdims=True
+            )
         else:
             inside = u <= 1.0  # NaN distances are outside
             if ra.kernel == "boxcar":

@@ -1,11 +1,11 @@
 // py::array <-> ArrayRef, shared by the register_*.cpp files.
 #pragma once
 
-#include <cstdint>
-#include <string>
-
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
 
 #include "api/array_ref.h"
 

@@ -32,7 +32,8 @@ void register_config(py::module_& m) {
         };
         return py::make_tuple(read("FASTATTN_NUM_THREADS"), read("OMP_NUM_THREADS"));
       },
-      "(FASTATTN_NUM_THREADS, OMP_NUM_THREADS) as the process environment has them (None = unset).");
+      "(FASTATTN_NUM_THREADS, OMP_NUM_THREADS) as the process environment has them (None = "
+      "unset).");
   m.def(
       "exp2",
       [](const py::array& x) -> py::array {

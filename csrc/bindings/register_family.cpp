@@ -52,8 +52,7 @@ void register_family(py::module_& m) {
         py::gil_scoped_release release;
         masked_softmax(call);
       },
-      py::arg("x"), py::arg("out"), py::arg("mask"), py::arg("valid_lens"),
-      py::arg("num_threads"),
+      py::arg("x"), py::arg("out"), py::arg("mask"), py::arg("valid_lens"), py::arg("num_threads"),
       "Softmax over the last axis of validated arrays (see fastattn/_family.py).");
 
   m.def(
@@ -64,9 +63,9 @@ void register_family(py::module_& m) {
          const py::object& w_k, const py::object& w_v, bool causal, int64_t diag_offset,
          int64_t window_left, int64_t window_right, int normalizer, int64_t top_k, bool hardmax,
          int num_threads) {
-        FamilyCall call = family_call(query, key, value, out, bool_mask, float_mask, valid_lens,
-                                      weights, causal, diag_offset, window_left, window_right,
-                                      num_threads);
+        FamilyCall call =
+            family_call(query, key, value, out, bool_mask, float_mask, valid_lens, weights, causal,
+                        diag_offset, window_left, window_right, num_threads);
         call.w_q = array_ref(w_q, "w_q");
         call.w_k = array_ref(w_k, "w_k");
         call.w_v = array_ref(w_v, "w_v");
@@ -90,9 +89,9 @@ void register_family(py::module_& m) {
          const py::object& valid_lens, const py::object& weights, double scale, bool causal,
          int64_t diag_offset, int64_t window_left, int64_t window_right, int64_t top_k,
          bool hardmax, int num_threads) {
-        FamilyCall call = family_call(query, key, value, out, bool_mask, float_mask, valid_lens,
-                                      weights, causal, diag_offset, window_left, window_right,
-                                      num_threads);
+        FamilyCall call =
+            family_call(query, key, value, out, bool_mask, float_mask, valid_lens, weights, causal,
+                        diag_offset, window_left, window_right, num_threads);
         call.scale = scale;
         call.normalizer = 1;
         call.top_k = top_k;
@@ -102,18 +101,17 @@ void register_family(py::module_& m) {
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("bool_mask"),
       py::arg("float_mask"), py::arg("valid_lens"), py::arg("weights"), py::arg("scale"),
-      py::arg("causal"), py::arg("diag_offset"), py::arg("window_left"),
-      py::arg("window_right"), py::arg("top_k"), py::arg("hardmax"), py::arg("num_threads"),
+      py::arg("causal"), py::arg("diag_offset"), py::arg("window_left"), py::arg("window_right"),
+      py::arg("top_k"), py::arg("hardmax"), py::arg("num_threads"),
       "Blocked hardmax/top-k attention over dot-product scores.");
 
   m.def(
       "nadaraya_watson",
       [](const py::object& x_query, const py::object& x_keys, const py::object& y_values,
-         const py::object& out, const py::object& weights, const py::object& bandwidth,
-         int kernel, int num_threads) {
-        FamilyCall call =
-            family_call(x_query, x_keys, y_values, out, py::none(), py::none(), py::none(),
-                        weights, false, 0, -1, -1, num_threads);
+         const py::object& out, const py::object& weights, const py::object& bandwidth, int kernel,
+         int num_threads) {
+        FamilyCall call = family_call(x_query, x_keys, y_values, out, py::none(), py::none(),
+                                      py::none(), weights, false, 0, -1, -1, num_threads);
         call.bandwidth = array_ref(bandwidth, "bandwidth");
         call.kernel = kernel;
         py::gil_scoped_release release;

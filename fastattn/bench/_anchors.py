@@ -43,8 +43,10 @@ def load(name: str):
         try:
             import onnx  # noqa: F401
         except ImportError:
-            raise ImportError("ONNX Runtime is installed but the onnx package that builds its "
-                              "models is not (pip install onnx)") from None
+            raise ImportError(
+                "ONNX Runtime is installed but the onnx package that builds its "
+                "models is not (pip install onnx)"
+            ) from None
         return onnxruntime, onnxruntime.__version__
     if name == "openvino":
         import openvino
@@ -59,9 +61,15 @@ def runners(name: str, q, k, v, causal: bool, threads: int) -> list[Runner]:
     return (_ort_runners if name == "ort" else _openvino_runners)(q, k, v, causal, threads)
 
 
-def fastest(name: str, q, k, v, causal: bool, threads: int,
-            probe: Callable[[Callable[[], object]], float] | None = None
-            ) -> tuple[Runner, dict[str, float]]:
+def fastest(
+    name: str,
+    q,
+    k,
+    v,
+    causal: bool,
+    threads: int,
+    probe: Callable[[Callable[[], object]], float] | None = None,
+) -> tuple[Runner, dict[str, float]]:
     """Engine ``name``'s variant with the least ``probe`` time (seconds per call; without a
     probe, the first variant), and every variant's probed time."""
     found = runners(name, q, k, v, causal, threads)
@@ -81,10 +89,12 @@ def _from_bsd(heads: int):
     def unpack(out) -> np.ndarray:
         b, n, he = out.shape
         return out.reshape(b, n, heads, he // heads).transpose(0, 2, 1, 3)
+
     return unpack
 
 
 # --- ONNX Runtime ---------------------------------------------------------------------------
+
 
 @functools.cache
 def _ort_session(op: str, dims: tuple[int, ...], causal: bool, threads: int):
@@ -95,28 +105,46 @@ def _ort_session(op: str, dims: tuple[int, ...], causal: bool, threads: int):
     b, hq, hkv, lq, lk, e = dims
     f32, i32 = TensorProto.FLOAT, TensorProto.INT32
     if op == "Attention":
-        inputs = [("Q", f32, [b, hq, lq, e]), ("K", f32, [b, hkv, lk, e]),
-                  ("V", f32, [b, hkv, lk, e])]
+        inputs = [
+            ("Q", f32, [b, hq, lq, e]),
+            ("K", f32, [b, hkv, lk, e]),
+            ("V", f32, [b, hkv, lk, e]),
+        ]
         outputs, attrs, domain = ["Y"], {"is_causal": int(causal)}, ""
     elif op == "MultiHeadAttention":  # query packed (B, Lq, H*E); key/value as (B, H, Lk, E)
-        inputs = [("query", f32, [b, lq, hq * e]), ("key", f32, [b, hkv, lk, e]),
-                  ("value", f32, [b, hkv, lk, e])]
+        inputs = [
+            ("query", f32, [b, lq, hq * e]),
+            ("key", f32, [b, hkv, lk, e]),
+            ("value", f32, [b, hkv, lk, e]),
+        ]
         outputs, attrs = ["output"], {"num_heads": hq, "unidirectional": int(causal)}
         domain = "com.microsoft"
     else:  # GroupQueryAttention: new tokens packed, the KV cache as (B, Hkv, capacity, E)
         new = lq
-        past = [("past_key", f32, [b, hkv, lk, e]), ("past_value", f32, [b, hkv, lk, e])] \
-            if new < lk else [None, None]
-        inputs = [("query", f32, [b, new, hq * e]), ("key", f32, [b, new, hkv * e]),
-                  ("value", f32, [b, new, hkv * e]), *past, ("seqlens_k", i32, [b]),
-                  ("total_sequence_length", i32, [])]
+        past = (
+            [("past_key", f32, [b, hkv, lk, e]), ("past_value", f32, [b, hkv, lk, e])]
+            if new < lk
+            else [None, None]
+        )
+        inputs = [
+            ("query", f32, [b, new, hq * e]),
+            ("key", f32, [b, new, hkv * e]),
+            ("value", f32, [b, new, hkv * e]),
+            *past,
+            ("seqlens_k", i32, [b]),
+            ("total_sequence_length", i32, []),
+        ]
         outputs = ["output", "present_key", "present_value"]
         attrs, domain = {"num_heads": hq, "kv_num_heads": hkv}, "com.microsoft"
-    node = helper.make_node(op, [x[0] if x else "" for x in inputs], outputs, domain=domain,
-                            **attrs)
+    node = helper.make_node(
+        op, [x[0] if x else "" for x in inputs], outputs, domain=domain, **attrs
+    )
     graph = helper.make_graph(
-        [node], "attention", [helper.make_tensor_value_info(*x) for x in inputs if x],
-        [helper.make_tensor_value_info(name, f32, None) for name in outputs])
+        [node],
+        "attention",
+        [helper.make_tensor_value_info(*x) for x in inputs if x],
+        [helper.make_tensor_value_info(name, f32, None) for name in outputs],
+    )
     opsets = [helper.make_opsetid("", ORT_OPSET)]
     if domain:
         opsets.append(helper.make_opsetid(domain, 1))
@@ -125,8 +153,9 @@ def _ort_session(op: str, dims: tuple[int, ...], causal: bool, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _ort_runners(q, k, v, causal, threads) -> list[Runner]:
@@ -137,15 +166,20 @@ def _ort_runners(q, k, v, causal, threads) -> list[Runner]:
     # The standard op: (B, H, L, E) as they are, grouped-query heads included.
     sess = _ort_session("Attention", dims, causal, threads)
     feeds = {"Q": q, "K": k, "V": v}
-    found.append(Runner("ONNX Attention", functools.partial(sess.run, ["Y"], feeds),
-                        lambda out: out[0]))
+    found.append(
+        Runner("ONNX Attention", functools.partial(sess.run, ["Y"], feeds), lambda out: out[0])
+    )
     if hq == hkv and (not causal or lq == lk):  # unidirectional is the square causal mask
         sess = _ort_session("MultiHeadAttention", dims, causal, threads)
         feeds = {"query": _bsd(q), "key": k, "value": v}
         unpack = _from_bsd(hq)
-        found.append(Runner("com.microsoft MultiHeadAttention",
-                            functools.partial(sess.run, ["output"], feeds),
-                            lambda out: unpack(out[0])))
+        found.append(
+            Runner(
+                "com.microsoft MultiHeadAttention",
+                functools.partial(sess.run, ["output"], feeds),
+                lambda out: unpack(out[0]),
+            )
+        )
     # GroupQueryAttention is a decoder's op: always causal, the new tokens last.
     if lq == 1 or (causal and lq == lk):
         found.append(_ort_gqa(q, k, v, dims, threads))
@@ -162,10 +196,13 @@ def _ort_gqa(q, k, v, dims, threads) -> Runner:
     sess = _ort_session("GroupQueryAttention", dims, True, threads)
     binding = sess.io_binding()
     held = [np.empty((b, lq, hq * e), np.float32)]  # the output, then every bound array
-    for name, a in (("query", _bsd(q)), ("key", _bsd(k[:, :, lk - lq:])),
-                    ("value", _bsd(v[:, :, lk - lq:])),
-                    ("seqlens_k", np.full(b, lk - 1, np.int32)),
-                    ("total_sequence_length", np.array(lk, np.int32))):
+    for name, a in (
+        ("query", _bsd(q)),
+        ("key", _bsd(k[:, :, lk - lq :])),
+        ("value", _bsd(v[:, :, lk - lq :])),
+        ("seqlens_k", np.full(b, lk - 1, np.int32)),
+        ("total_sequence_length", np.array(lk, np.int32)),
+    ):
         binding.bind_cpu_input(name, a)
         held.append(a)
     out = held[0]
@@ -173,8 +210,10 @@ def _ort_gqa(q, k, v, dims, threads) -> Runner:
     if lq < lk:
         # The cache (a copy: the step writes into it) holds every key; each step rewrites
         # its last slot with the same new token.
-        for past, present, a in (("past_key", "present_key", k),
-                                 ("past_value", "present_value", v)):
+        for past, present, a in (
+            ("past_key", "present_key", k),
+            ("past_value", "present_value", v),
+        ):
             cache = ort.OrtValue.ortvalue_from_numpy(a.copy())
             binding.bind_ortvalue_input(past, cache)
             binding.bind_ortvalue_output(present, cache)
@@ -192,6 +231,7 @@ def _ort_gqa(q, k, v, dims, threads) -> Runner:
 
 # --- OpenVINO -------------------------------------------------------------------------------
 
+
 @functools.cache
 def _openvino_model(shapes: tuple[tuple[int, ...], ...], causal: bool, threads: int):
     """A compiled opset13 ScaledDotProductAttention for CPU with its infer request, built
@@ -203,8 +243,9 @@ def _openvino_model(shapes: tuple[tuple[int, ...], ...], causal: bool, threads: 
     params = [opset13.parameter(s, ov.Type.f32, name=n) for s, n in zip(shapes, "qkv")]
     out = opset13.scaled_dot_product_attention(*params, causal=causal)
     model = ov.Model([out], params, "attention")
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                      "INFERENCE_NUM_THREADS": threads})
+    compiled = ov.Core().compile_model(
+        model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    )
     return compiled.create_infer_request()
 
 
@@ -217,12 +258,18 @@ def _openvino_runners(q, k, v, causal, threads) -> list[Runner]:
         layouts.append(("opset13 SDPA", q, k, v))
     else:
         # K and V broadcast over a group axis: one kv head serves its query heads as is.
-        layouts.append(("opset13 SDPA, K/V broadcast over the group",
-                        q.reshape(b, hkv, group, lq, e), k.reshape(b, hkv, 1, lk, e),
-                        v.reshape(b, hkv, 1, lk, ev)))
+        layouts.append(
+            (
+                "opset13 SDPA, K/V broadcast over the group",
+                q.reshape(b, hkv, group, lq, e),
+                k.reshape(b, hkv, 1, lk, e),
+                v.reshape(b, hkv, 1, lk, ev),
+            )
+        )
         if not causal:  # a group's query rows stacked: one (G*Lq) x Lk problem per kv head
-            layouts.append(("opset13 SDPA, group rows stacked",
-                            q.reshape(b, hkv, group * lq, e), k, v))
+            layouts.append(
+                ("opset13 SDPA, group rows stacked", q.reshape(b, hkv, group * lq, e), k, v)
+            )
     found = []
     for op, *arrays in layouts:
         request = _openvino_model(tuple(a.shape for a in arrays), causal, threads)

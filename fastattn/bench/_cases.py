@@ -61,8 +61,7 @@ class Case:
         """
         if self.kind == "sdpa":
             b, hq, hkv, lq, lk, e = self.dims
-            return attention_flops((b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e),
-                                   self.causal)
+            return attention_flops((b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e), self.causal)
         if self.kind == "additive":
             b, lq, lk, d, hidden = self.dims
             return b * lq * lk * (3.0 * hidden + 2.0 * d)
@@ -96,9 +95,20 @@ class Case:
         return float(size * b * (lq + 2 * lk) * d)
 
 
-def sdpa_case(label: str, b: int, hq: int, hkv: int, lq: int, lk: int, e: int, *,
-              causal: bool = False, tags: tuple[str, ...] = (), series: str | None = None,
-              dtypes: tuple[str, ...] = DTYPES) -> Case:
+def sdpa_case(
+    label: str,
+    b: int,
+    hq: int,
+    hkv: int,
+    lq: int,
+    lk: int,
+    e: int,
+    *,
+    causal: bool = False,
+    tags: tuple[str, ...] = (),
+    series: str | None = None,
+    dtypes: tuple[str, ...] = DTYPES,
+) -> Case:
     heads = f"{hq}/{hkv}" if hq != hkv else f"{hq}"
     name = f"{label} {b}x{heads} {lq}x{lk} E{e}"
     tags = tags + (("causal",) if causal else ()) + (("long-context",) if lk >= 4096 else ())
@@ -106,21 +116,48 @@ def sdpa_case(label: str, b: int, hq: int, hkv: int, lq: int, lk: int, e: int, *
 
 
 def _sweep(label: str, lengths, causal: bool, dtypes=DTYPES) -> list[Case]:
-    return [sdpa_case(label, 1, 8, 8, n, n, 64, causal=causal, series=label, dtypes=dtypes,
-                      tags=("self-attention",)) for n in lengths]
+    return [
+        sdpa_case(
+            label,
+            1,
+            8,
+            8,
+            n,
+            n,
+            64,
+            causal=causal,
+            series=label,
+            dtypes=dtypes,
+            tags=("self-attention",),
+        )
+        for n in lengths
+    ]
 
 
 def grid(preset: str) -> list[Case]:
     """The cases of a preset: ``smoke`` (tiny, for tests), ``quick``, ``default``, ``full``."""
     if preset == "smoke":
-        return [*_sweep("self-attention", (16, 32), False),
-                *_sweep("causal", (16, 32), True, ("float32",)),
-                sdpa_case("GQA decode", 1, 4, 2, 1, 64, 16, tags=("gqa", "decode"),
-                          dtypes=("float32",)),
-                Case("additive 2x 8x16 D8 H16", "additive", (2, 8, 16, 8, 16),
-                     tags=("bahdanau",), dtypes=("float32",)),
-                Case("masked_softmax 4x8x16 valid_lens", "masked_softmax", (4, 8, 16),
-                     tags=("masked-softmax",), dtypes=("float32",))]
+        return [
+            *_sweep("self-attention", (16, 32), False),
+            *_sweep("causal", (16, 32), True, ("float32",)),
+            sdpa_case(
+                "GQA decode", 1, 4, 2, 1, 64, 16, tags=("gqa", "decode"), dtypes=("float32",)
+            ),
+            Case(
+                "additive 2x 8x16 D8 H16",
+                "additive",
+                (2, 8, 16, 8, 16),
+                tags=("bahdanau",),
+                dtypes=("float32",),
+            ),
+            Case(
+                "masked_softmax 4x8x16 valid_lens",
+                "masked_softmax",
+                (4, 8, 16),
+                tags=("masked-softmax",),
+                dtypes=("float32",),
+            ),
+        ]
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
     quick, full = preset == "quick", preset == "full"
@@ -129,31 +166,107 @@ def grid(preset: str) -> list[Case]:
     # The default grid holds every shape of the speed targets, non-causal and causal.
     cases = [
         sdpa_case("encoder", 1 if quick else 4, 12, 12, 512, 512, 64, tags=("BERT-base",)),
-        sdpa_case("encoder causal", 1 if quick else 4, 12, 12, 512, 512, 64, causal=True,
-                  tags=("BERT-base",), dtypes=f32),
+        sdpa_case(
+            "encoder causal",
+            1 if quick else 4,
+            12,
+            12,
+            512,
+            512,
+            64,
+            causal=True,
+            tags=("BERT-base",),
+            dtypes=f32,
+        ),
         *_sweep("self-attention", lengths, False, f32 if quick else DTYPES),
         *_sweep("causal", lengths, True, f32 if quick else DTYPES),
-        sdpa_case("cross-attention", 2, 8, 8, 256, 2048 if quick else 4096, 64,
-                  tags=("cross",), dtypes=f32 if quick else DTYPES),
-        sdpa_case("GQA prefill", 1, 32, 8, *((512, 512) if quick else (1024, 1024)), 128,
-                  tags=("gqa", "prefill"), dtypes=f32),
-        sdpa_case("GQA prefill causal", 1, 32, 8, *((512, 512) if quick else (1024, 1024)),
-                  128, causal=True, tags=("gqa", "prefill"), dtypes=f32 if quick else DTYPES),
-        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 16384, 128,
-                  tags=("gqa", "decode")),
-        sdpa_case("short sequences", 16 if quick else 32, 8, 8, 128, 128, 64,
-                  tags=("short", "batch"), dtypes=f32 if quick else DTYPES),
-        sdpa_case("short sequences causal", 16 if quick else 32, 8, 8, 128, 128, 64,
-                  causal=True, tags=("short", "batch"), dtypes=f32),
+        sdpa_case(
+            "cross-attention",
+            2,
+            8,
+            8,
+            256,
+            2048 if quick else 4096,
+            64,
+            tags=("cross",),
+            dtypes=f32 if quick else DTYPES,
+        ),
+        sdpa_case(
+            "GQA prefill",
+            1,
+            32,
+            8,
+            *((512, 512) if quick else (1024, 1024)),
+            128,
+            tags=("gqa", "prefill"),
+            dtypes=f32,
+        ),
+        sdpa_case(
+            "GQA prefill causal",
+            1,
+            32,
+            8,
+            *((512, 512) if quick else (1024, 1024)),
+            128,
+            causal=True,
+            tags=("gqa", "prefill"),
+            dtypes=f32 if quick else DTYPES,
+        ),
+        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 16384, 128, tags=("gqa", "decode")),
+        sdpa_case(
+            "short sequences",
+            16 if quick else 32,
+            8,
+            8,
+            128,
+            128,
+            64,
+            tags=("short", "batch"),
+            dtypes=f32 if quick else DTYPES,
+        ),
+        sdpa_case(
+            "short sequences causal",
+            16 if quick else 32,
+            8,
+            8,
+            128,
+            128,
+            64,
+            causal=True,
+            tags=("short", "batch"),
+            dtypes=f32,
+        ),
         # Small calls (issue #21): the per-call cost of a decode step and of one tiny head.
-        *[sdpa_case("small call decode", 1, 8, 8, 1, lk, 64, tags=("decode", "small-call"),
-                    series="small call decode", dtypes=f32) for lk in (16, 128, 512, 2048)],
+        *[
+            sdpa_case(
+                "small call decode",
+                1,
+                8,
+                8,
+                1,
+                lk,
+                64,
+                tags=("decode", "small-call"),
+                series="small call decode",
+                dtypes=f32,
+            )
+            for lk in (16, 128, 512, 2048)
+        ],
         sdpa_case("small call", 1, 1, 1, 1, 16, 64, tags=("small-call",), dtypes=f32),
-        Case("additive 2x 256x512 D64 H128", "additive", (2, 256, 512, 64, 128),
-             tags=("bahdanau",), dtypes=f32 if quick else DTYPES),
-        Case(f"masked_softmax {32 if quick else 64}x512x512 valid_lens", "masked_softmax",
-             (32 if quick else 64, 512, 512), tags=("masked-softmax", "d2l"),
-             dtypes=f32 if quick else DTYPES),
+        Case(
+            "additive 2x 256x512 D64 H128",
+            "additive",
+            (2, 256, 512, 64, 128),
+            tags=("bahdanau",),
+            dtypes=f32 if quick else DTYPES,
+        ),
+        Case(
+            f"masked_softmax {32 if quick else 64}x512x512 valid_lens",
+            "masked_softmax",
+            (32 if quick else 64, 512, 512),
+            tags=("masked-softmax", "d2l"),
+            dtypes=f32 if quick else DTYPES,
+        ),
         Case(
             f"merge_attention_states 8 parts of {1 if quick else 4}x32x512x128",
             "merge_states",
@@ -189,19 +302,26 @@ class Libraries:
                 module, version = _anchors.load(name)
             except ImportError as exc:
                 module = None
-                why = str(exc) if "pip install" in str(exc) else \
-                    f"{_anchors.NAMES[name]} is not installed (pip install " \
+                why = (
+                    str(exc)
+                    if "pip install" in str(exc)
+                    else f"{_anchors.NAMES[name]} is not installed (pip install "
                     f"{_anchors.PACKAGES[name]})"
+                )
                 self.notes.append(f"{why}: no {name} column.")
             else:
                 self.versions[name] = version
                 self.notes.append(
-                    ("ONNX Runtime ran with intra_op_num_threads = the threads used and "
-                     "inter_op_num_threads = 1" if name == "ort" else
-                     "OpenVINO's CPU plugin ran with INFERENCE_NUM_THREADS = the threads used "
-                     "and INFERENCE_PRECISION_HINT = f32") +
-                    "; it is timed on float32 rows only (it computes float64 inputs at "
-                    "float32 accuracy).")
+                    (
+                        "ONNX Runtime ran with intra_op_num_threads = the threads used and "
+                        "inter_op_num_threads = 1"
+                        if name == "ort"
+                        else "OpenVINO's CPU plugin ran with INFERENCE_NUM_THREADS = the threads "
+                        "used and INFERENCE_PRECISION_HINT = f32"
+                    )
+                    + "; it is timed on float32 rows only (it computes float64 inputs at "
+                    "float32 accuracy)."
+                )
             self._engines[name] = module
         return self._engines[name]
 
@@ -229,14 +349,19 @@ class Libraries:
             return None
         jax.config.update("jax_enable_x64", True)  # float64 rows; float32 arrays stay float32
         self.versions["jax"] = jax.__version__
-        self.notes.append("JAX (XLA) chooses its own CPU thread count; --threads does not "
-                          "reach it.")
+        self.notes.append(
+            "JAX (XLA) chooses its own CPU thread count; --threads does not reach it."
+        )
         return jax
 
     def available(self) -> list[str]:
-        have = {"fastattn": True, "numpy": True, "torch": self.torch is not None,
-                "jax": self.jax is not None,
-                **{name: self.engine(name) is not None for name in _anchors.ANCHORS}}
+        have = {
+            "fastattn": True,
+            "numpy": True,
+            "torch": self.torch is not None,
+            "jax": self.jax is not None,
+            **{name: self.engine(name) is not None for name in _anchors.ANCHORS},
+        }
         return [name for name in IMPLS if name in self.wanted and have[name]]
 
 
@@ -271,8 +396,14 @@ def _rng_arrays(rng, dtype, *shapes):
     return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
 
-def build(case: Case, dtype: str, libs: Libraries, impls, seed: int = 0,
-          probe: Callable[[Callable[[], object]], float] | None = None) -> Workload:
+def build(
+    case: Case,
+    dtype: str,
+    libs: Libraries,
+    impls,
+    seed: int = 0,
+    probe: Callable[[Callable[[], object]], float] | None = None,
+) -> Workload:
     """Inputs and candidates of ``case`` in ``dtype``, for the implementations in ``impls``
     that can compute it (torch, JAX, ONNX Runtime and OpenVINO only have scaled dot-product
     attention). ``probe`` (seconds per call of a function) picks each engine's fastest op;
@@ -300,7 +431,8 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
     q, k, v = _rng_arrays(rng, dt, (b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e))
     group = hq // hkv
     work.candidates["fastattn"] = functools.partial(
-        fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal)
+        fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal
+    )
     work.candidates["numpy"] = functools.partial(numpy_sdpa, q, k, v, causal)
     if "torch" in impls and libs.torch is not None:
         torch = libs.torch
@@ -313,16 +445,19 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
                 with torch.no_grad():
                     return sdpa(tq, tk, tv, is_causal=causal, **kw)
         else:
+
             def run_torch():
                 with torch.no_grad():
                     return sdpa(tq, tk, tv, is_causal=causal)
+
         work.candidates["torch"] = run_torch
         work.to_numpy["torch"] = lambda t: t.numpy()
     if "jax" in impls and libs.jax is not None:
         jax = libs.jax
         attend = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=causal))
-        jq, jk, jv = (jax.device_put(np.ascontiguousarray(np.swapaxes(a, 1, 2)))
-                      for a in (q, k, v))  # JAX's layout is (B, L, heads, E)
+        jq, jk, jv = (
+            jax.device_put(np.ascontiguousarray(np.swapaxes(a, 1, 2))) for a in (q, k, v)
+        )  # JAX's layout is (B, L, heads, E)
         work.candidates["jax"] = lambda: attend(jq, jk, jv).block_until_ready()
         work.to_numpy["jax"] = lambda a: np.swapaxes(np.asarray(a), 1, 2)
     for name in _anchors.ANCHORS:
@@ -337,8 +472,11 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
         # their meaning when later rows are dropped).
         rows = max(1, min(lq, _REFERENCE_ELEMENTS // (group * lk)))
         expected = fastattn.reference.scaled_dot_product_attention(
-            q[:1, :group, :rows].astype(np.float64), k[:1, :1].astype(np.float64),
-            v[:1, :1].astype(np.float64), is_causal=causal)
+            q[:1, :group, :rows].astype(np.float64),
+            k[:1, :1].astype(np.float64),
+            v[:1, :1].astype(np.float64),
+            is_causal=causal,
+        )
         return expected, lambda out: out[:1, :group, :rows]
 
     work.reference = reference
@@ -356,7 +494,8 @@ def _build_additive(work: Workload, rng, dt) -> None:
     def reference():
         rows = max(1, min(lq, _REFERENCE_ELEMENTS // (lk * hidden)))
         expected = fastattn.reference.additive_attention(
-            *(a.astype(np.float64) for a in (q[:1, :rows], k[:1], v[:1], w_q, w_k, w_v)))
+            *(a.astype(np.float64) for a in (q[:1, :rows], k[:1], v[:1], w_q, w_k, w_v))
+        )
         return expected, lambda out: out[:1, :rows]
 
     work.reference = reference
@@ -389,7 +528,8 @@ def _build_merge_states(work: Workload, rng, dt) -> None:
         head = (slice(0, 1), slice(0, max(1, min(h, _REFERENCE_ELEMENTS // (parts * lq * ev)))))
         expected, _ = fastattn.reference.merge_attention_states(
             [o[head].astype(np.float64) for o in outputs],
-            [x[head].astype(np.float64) for x in lses])
+            [x[head].astype(np.float64) for x in lses],
+        )
         return expected, lambda out: out[head]
 
     work.reference = reference

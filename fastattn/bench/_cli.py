@@ -31,8 +31,10 @@ def _csv(choices):
         bad = [x for x in items if x not in choices]
         if bad or not items:
             raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {', '.join(choices)}; got {text!r}")
+                f"expected a comma-separated list of {', '.join(choices)}; got {text!r}"
+            )
         return items
+
     return parse
 
 
@@ -57,36 +59,81 @@ def program() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=program(), description=DESCRIPTION,
-                                epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=program(),
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     preset = p.add_mutually_exclusive_group()
-    preset.add_argument("--quick", dest="preset", action="store_const", const="quick",
-                        help="smaller shapes, fewer rounds: well under a minute")
-    preset.add_argument("--full", dest="preset", action="store_const", const="full",
-                        help="longer sequences, extra shapes, more rounds")
-    preset.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
-                        help=argparse.SUPPRESS)  # tiny shapes: the test suite's check
+    preset.add_argument(
+        "--quick",
+        dest="preset",
+        action="store_const",
+        const="quick",
+        help="smaller shapes, fewer rounds: well under a minute",
+    )
+    preset.add_argument(
+        "--full",
+        dest="preset",
+        action="store_const",
+        const="full",
+        help="longer sequences, extra shapes, more rounds",
+    )
+    preset.add_argument(
+        "--smoke", dest="preset", action="store_const", const="smoke", help=argparse.SUPPRESS
+    )  # tiny shapes: the test suite's check
     p.set_defaults(preset="default")
-    p.add_argument("--shapes", default="", metavar="WORDS",
-                   help="comma-separated words; run only the cases whose name or tags "
-                        "contain one (e.g. 'encoder,decode', 'causal', 'gqa', 'additive')")
-    p.add_argument("--dtype", type=_dtypes, default=DTYPES, metavar="DTYPE",
-                   help="float32, float64 or both (default)")
-    p.add_argument("--threads", type=_positive, default=None, metavar="N",
-                   help="threads for fastattn, the baselines and NumPy's BLAS (default: "
-                        "fastattn.get_num_threads())")
-    p.add_argument("--impls", type=_csv(IMPLS), default=IMPLS, metavar="NAMES",
-                   help="implementations to compare, of " + ",".join(IMPLS) + " (ort: ONNX "
-                        "Runtime, openvino: OpenVINO; default: all that are installed; "
-                        "fastattn is always measured)")
-    p.add_argument("--rounds", type=_positive, default=None, metavar="N",
-                   help="timed rounds per candidate (default: the preset's)")
-    p.add_argument("--out", type=Path, default=Path("bench-report"), metavar="DIR",
-                   help="where report.md, report.json and the plots go (default: "
-                        "bench-report)")
-    p.add_argument("--json", action="store_true",
-                   help="print the report as JSON on stdout (it is also in DIR/report.json)")
+    p.add_argument(
+        "--shapes",
+        default="",
+        metavar="WORDS",
+        help="comma-separated words; run only the cases whose name or tags "
+        "contain one (e.g. 'encoder,decode', 'causal', 'gqa', 'additive')",
+    )
+    p.add_argument(
+        "--dtype",
+        type=_dtypes,
+        default=DTYPES,
+        metavar="DTYPE",
+        help="float32, float64 or both (default)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="threads for fastattn, the baselines and NumPy's BLAS (default: "
+        "fastattn.get_num_threads())",
+    )
+    p.add_argument(
+        "--impls",
+        type=_csv(IMPLS),
+        default=IMPLS,
+        metavar="NAMES",
+        help="implementations to compare, of " + ",".join(IMPLS) + " (ort: ONNX "
+        "Runtime, openvino: OpenVINO; default: all that are installed; "
+        "fastattn is always measured)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="timed rounds per candidate (default: the preset's)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-report"),
+        metavar="DIR",
+        help="where report.md, report.json and the plots go (default: bench-report)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout (it is also in DIR/report.json)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -108,10 +155,16 @@ def main(argv=None) -> int:
     from fastattn.bench._run import Settings, run
 
     argv_used = sys.argv[1:] if argv is None else list(argv)
-    settings = Settings(preset=args.preset, shapes=words, dtypes=args.dtype,
-                        impls=tuple(dict.fromkeys(("fastattn", *args.impls))),
-                        threads=args.threads, rounds=args.rounds, seed=args.seed,
-                        command=shlex.join([*program().split(), *argv_used]))
+    settings = Settings(
+        preset=args.preset,
+        shapes=words,
+        dtypes=args.dtype,
+        impls=tuple(dict.fromkeys(("fastattn", *args.impls))),
+        threads=args.threads,
+        rounds=args.rounds,
+        seed=args.seed,
+        command=shlex.join([*program().split(), *argv_used]),
+    )
     try:
         doc = run(settings)
     except ValueError as exc:
@@ -131,7 +184,9 @@ def main(argv=None) -> int:
                 print(f"\n{dtype}\n{table}")
         print()
     where = [str(md)] + [str(args.out / name) for name, _ in plots]
-    print(f"Report written to {where[0]}" + (f" (plots: {', '.join(where[1:])})"
-                                             if plots else f" ({note})"),
-          file=sys.stderr if args.json else sys.stdout)
+    print(
+        f"Report written to {where[0]}"
+        + (f" (plots: {', '.join(where[1:])})" if plots else f" ({note})"),
+        file=sys.stderr if args.json else sys.stdout,
+    )
     return 0

@@ -42,7 +42,6 @@ def numpy_additive(q, k, v, w_q, w_k, w_v):
     return numpy_softmax(features @ w_v) @ v
 
 
-
 def numpy_merge_states(outputs, lses):
     """Merging partial attention as a NumPy user writes it: the log-sum-exp over the parts,
     then the parts weighted by exp(lse_i - lse) and summed."""
@@ -50,6 +49,7 @@ def numpy_merge_states(outputs, lses):
     lse = np.logaddexp.reduce(part_lses, axis=0)
     weights = np.exp(part_lses - lse)
     return (weights[..., None] * parts).sum(axis=0), lse
+
 
 def causal_fraction(lq: int, lk: int) -> float:
     """The fraction of the Lq x Lk scores a top-left causal mask keeps."""

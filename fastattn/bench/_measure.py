@@ -42,9 +42,14 @@ class Timing:
         return self.median / self.best - 1.0
 
     def as_dict(self) -> dict:
-        return {"best_s": self.best, "median_s": self.median, "spread": self.spread,
-                "rounds": len(self.times), "calls_per_round": self.calls,
-                "times_s": list(self.times)}
+        return {
+            "best_s": self.best,
+            "median_s": self.median,
+            "spread": self.spread,
+            "rounds": len(self.times),
+            "calls_per_round": self.calls,
+            "times_s": list(self.times),
+        }
 
 
 @dataclass(frozen=True)
@@ -65,12 +70,14 @@ class Method:
     max_calls: int = 50
 
     def describe(self) -> str:
-        return (f"{self.rounds} interleaved rounds per candidate (fewer, but at least "
-                f"{self.min_rounds}, for one slower than {self.budget / self.rounds:.2g} s a "
-                f"call), each "
-                f"about {self.round_time:g} s of back-to-back calls (at most {self.max_calls}) "
-                f"after a {self.settle:g} s pause and one untimed call, timed one by one; a "
-                f"round's time is the median of its calls, and the best round is reported")
+        return (
+            f"{self.rounds} interleaved rounds per candidate (fewer, but at least "
+            f"{self.min_rounds}, for one slower than {self.budget / self.rounds:.2g} s a "
+            f"call), each "
+            f"about {self.round_time:g} s of back-to-back calls (at most {self.max_calls}) "
+            f"after a {self.settle:g} s pause and one untimed call, timed one by one; a "
+            f"round's time is the median of its calls, and the best round is reported"
+        )
 
 
 def _timed(fn: Callable[[], object], calls: int) -> float:
@@ -86,8 +93,9 @@ def _timed(fn: Callable[[], object], calls: int) -> float:
     return statistics.median(times)
 
 
-def best_round(fn: Callable[[], object], calls: int, settle: float = 0.05,
-               warm: bool = True) -> float:
+def best_round(
+    fn: Callable[[], object], calls: int, settle: float = 0.05, warm: bool = True
+) -> float:
     """Seconds per call (the median) of ``calls`` back-to-back calls, after a pause and a
     warm-up call."""
     time.sleep(settle)  # let the other candidate's worker threads go idle
@@ -110,9 +118,12 @@ def probe_time(fn: Callable[[], object], method: Method) -> float:
     return best
 
 
-def measure(candidates: Mapping[str, Callable[[], object]], rounds: int | None = None,
-            method: Method | None = None,
-            first_calls: Mapping[str, float] | None = None) -> dict[str, Timing]:
+def measure(
+    candidates: Mapping[str, Callable[[], object]],
+    rounds: int | None = None,
+    method: Method | None = None,
+    first_calls: Mapping[str, float] | None = None,
+) -> dict[str, Timing]:
     """Time every candidate, interleaved, and return a :class:`Timing` for each.
 
     Every candidate is called once untimed first (thread pools, page faults, JIT), unless
@@ -126,37 +137,46 @@ def measure(candidates: Mapping[str, Callable[[], object]], rounds: int | None =
     """
     method = method or Method()
     if rounds is not None:
-        method = Method(rounds=rounds, round_time=method.round_time, settle=method.settle,
-                        budget=method.budget, min_rounds=method.min_rounds,
-                        max_calls=method.max_calls)
+        method = Method(
+            rounds=rounds,
+            round_time=method.round_time,
+            settle=method.settle,
+            budget=method.budget,
+            min_rounds=method.min_rounds,
+            max_calls=method.max_calls,
+        )
     names = list(candidates)
     if first_calls is None:
         first_calls = {}
         for name in names:  # first calls: thread pools, page faults, JIT compilation
             first_calls[name] = _timed(candidates[name], 1)
-    probe = {name: first_calls[name] if first_calls[name] >= method.round_time
-             else probe_time(candidates[name], method) for name in names}
+    probe = {
+        name: first_calls[name]
+        if first_calls[name] >= method.round_time
+        else probe_time(candidates[name], method)
+        for name in names
+    }
     timing, planned, warm = {}, {}, {}
     for name, seconds in probe.items():
         seconds = max(seconds, 1e-7)
         calls = max(1, min(method.max_calls, int(method.round_time / seconds)))
         timing[name] = Timing(calls=calls)
         affordable = int(method.budget / (seconds * calls))
-        planned[name] = max(min(method.min_rounds, method.rounds),
-                            min(method.rounds, affordable))
+        planned[name] = max(min(method.min_rounds, method.rounds), min(method.rounds, affordable))
         warm[name] = seconds < method.round_time  # a slow call is its own warm-up
     for r in range(max(planned.values())):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             if r < planned[name]:
                 timing[name].times.append(
-                    best_round(candidates[name], timing[name].calls, method.settle,
-                               warm[name]))
+                    best_round(candidates[name], timing[name].calls, method.settle, warm[name])
+                )
     return timing
 
 
-def matmul_rate(rounds: int | None = None, n: int = 2048, method: Method | None = None,
-                dtype=np.float32) -> tuple[float, Timing]:
+def matmul_rate(
+    rounds: int | None = None, n: int = 2048, method: Method | None = None, dtype=np.float32
+) -> tuple[float, Timing]:
     """The machine's matrix-multiply rate (flop/s) measured now: NumPy ``a @ b``, n x n.
 
     Attention's floor is this rate; benchmarks report kernels as a fraction of it.
@@ -166,20 +186,33 @@ def matmul_rate(rounds: int | None = None, n: int = 2048, method: Method | None 
     return 2.0 * n**3 / t.best, t
 
 
-def machine_limits(dtypes, threads: int, fma_seconds: float = 0.2, read_nbytes: int = 1 << 30,
-                   read_repeats: int = 3) -> dict:
+def machine_limits(
+    dtypes,
+    threads: int,
+    fma_seconds: float = 0.2,
+    read_nbytes: int = 1 << 30,
+    read_repeats: int = 3,
+) -> dict:
     """The machine's limits measured now with fastattn's own probes, at ``threads`` threads:
     the fused multiply-add peak of the active ISA per dtype (GFLOP/s) and the memory read
     bandwidth (GB/s). A probe this build lacks gives None: the report then says so."""
     from fastattn import _core
 
-    limits = {"isa": _core.active_isa(), "threads": threads, "fma_peak_gflops": None,
-              "fma_seconds": fma_seconds, "read_bandwidth_gbs": None,
-              "read_nbytes": read_nbytes, "read_repeats": read_repeats}
+    limits = {
+        "isa": _core.active_isa(),
+        "threads": threads,
+        "fma_peak_gflops": None,
+        "fma_seconds": fma_seconds,
+        "read_bandwidth_gbs": None,
+        "read_nbytes": read_nbytes,
+        "read_repeats": read_repeats,
+    }
     if hasattr(_core, "fma_peak"):
-        limits["fma_peak_gflops"] = {d: float(_core.fma_peak(d, threads, fma_seconds))
-                                     for d in dtypes}
+        limits["fma_peak_gflops"] = {
+            d: float(_core.fma_peak(d, threads, fma_seconds)) for d in dtypes
+        }
     if hasattr(_core, "read_bandwidth"):
-        limits["read_bandwidth_gbs"] = float(_core.read_bandwidth(read_nbytes, threads,
-                                                                  read_repeats))
+        limits["read_bandwidth_gbs"] = float(
+            _core.read_bandwidth(read_nbytes, threads, read_repeats)
+        )
     return limits

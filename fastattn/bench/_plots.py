@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"fastattn": "#1f77b4", "numpy": "#ff7f0e", "torch": "#2ca02c", "jax": "#9467bd",
-          "ort": "#d62728", "openvino": "#8c564b"}
+COLORS = {
+    "fastattn": "#1f77b4",
+    "numpy": "#ff7f0e",
+    "torch": "#2ca02c",
+    "jax": "#9467bd",
+    "ort": "#d62728",
+    "openvino": "#8c564b",
+}
 STYLES = {"float32": ("-", "o"), "float64": ("--", "s")}
 
 
@@ -14,8 +20,10 @@ def matplotlib_missing() -> str | None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return ("No plots: matplotlib is not installed (`pip install matplotlib`, or install "
-                "fastattn with the `bench` extra) -- the tables above hold every number.")
+        return (
+            "No plots: matplotlib is not installed (`pip install matplotlib`, or install "
+            "fastattn with the `bench` extra) -- the tables above hold every number."
+        )
     return None
 
 
@@ -37,19 +45,27 @@ def time_vs_length(doc: dict, path: Path) -> bool:
     axes = fig.subplots(1, len(series), squeeze=False)[0]
     rate = doc["matmul"]["gflops"] * 1e9
     for ax, name in zip(axes, series):
-        rows = sorted((r for r in doc["rows"] if r["series"] == name),
-                      key=lambda r: r["seq_len"])
+        rows = sorted((r for r in doc["rows"] if r["series"] == name), key=lambda r: r["seq_len"])
         lengths = sorted({r["seq_len"] for r in rows})
         for impl, color in COLORS.items():
             for dtype, (line, marker) in STYLES.items():
-                pts = [(r["seq_len"], r["results"][impl]["best_s"] * 1e3) for r in rows
-                       if r["dtype"] == dtype and impl in r["results"]]
+                pts = [
+                    (r["seq_len"], r["results"][impl]["best_s"] * 1e3)
+                    for r in rows
+                    if r["dtype"] == dtype and impl in r["results"]
+                ]
                 if pts:
                     xs, ys = zip(*pts)
-                    ax.plot(xs, ys, line, marker=marker, color=color, markersize=4,
-                            label=f"{impl} {dtype}")
-        floor = [(r["seq_len"], r["flops"] / rate * 1e3) for r in rows
-                 if r["dtype"] == "float32"]
+                    ax.plot(
+                        xs,
+                        ys,
+                        line,
+                        marker=marker,
+                        color=color,
+                        markersize=4,
+                        label=f"{impl} {dtype}",
+                    )
+        floor = [(r["seq_len"], r["flops"] / rate * 1e3) for r in rows if r["dtype"] == "float32"]
         if floor:
             xs, ys = zip(*floor)
             ax.plot(xs, ys, ":", color="0.4", label="at the float32 matmul rate")
@@ -64,8 +80,10 @@ def time_vs_length(doc: dict, path: Path) -> bool:
         ax.set_ylabel("time per call (ms, best of rounds)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"fastattn vs baselines, {doc['machine']['threads']} threads: "
-                 f"{doc['machine']['cpu']}", fontsize=9)
+    fig.suptitle(
+        f"fastattn vs baselines, {doc['machine']['threads']} threads: {doc['machine']['cpu']}",
+        fontsize=9,
+    )
     fig.savefig(path)
     return True
 
@@ -93,12 +111,23 @@ def speedups(doc: dict, path: Path) -> bool:
                 if s is None:
                     continue
                 y = i * step + j
-                ax.barh(y, s - 1.0, left=1.0, height=0.9, color=COLORS[b],
-                        label=None if b in labelled else f"vs {b}")
+                ax.barh(
+                    y,
+                    s - 1.0,
+                    left=1.0,
+                    height=0.9,
+                    color=COLORS[b],
+                    label=None if b in labelled else f"vs {b}",
+                )
                 labelled.add(b)
-                ax.text(s * 1.04 if s >= 1 else s / 1.04, y,
-                        f"{s:.2f}x" if s < 10 else f"{s:.0f}x", va="center",
-                        ha="left" if s >= 1 else "right", fontsize=6.5)
+                ax.text(
+                    s * 1.04 if s >= 1 else s / 1.04,
+                    y,
+                    f"{s:.2f}x" if s < 10 else f"{s:.0f}x",
+                    va="center",
+                    ha="left" if s >= 1 else "right",
+                    fontsize=6.5,
+                )
         ax.set_xscale("log")
         ax.set_xlim(lo, hi)
         ax.axvline(1.0, color="0.2", linewidth=1)
@@ -114,10 +143,18 @@ def speedups(doc: dict, path: Path) -> bool:
                 handles.append(h)
                 names.append(n)
     order = sorted(range(len(names)), key=lambda k: bases.index(names[k][3:]))
-    fig.legend([handles[k] for k in order], [names[k] for k in order], fontsize=8,
-               loc="outside lower center", ncols=len(bases))
-    fig.suptitle(f"fastattn's speed-up, same run, {doc['machine']['threads']} threads "
-                 "(log scale; > 1x: fastattn is faster)", fontsize=10)
+    fig.legend(
+        [handles[k] for k in order],
+        [names[k] for k in order],
+        fontsize=8,
+        loc="outside lower center",
+        ncols=len(bases),
+    )
+    fig.suptitle(
+        f"fastattn's speed-up, same run, {doc['machine']['threads']} threads "
+        "(log scale; > 1x: fastattn is faster)",
+        fontsize=10,
+    )
     fig.savefig(path)
     return True
 

@@ -53,16 +53,20 @@ def summary_table(doc: dict, dtype: str) -> str:
     for row in rows:
         res = row["results"]
         fast = res["fastattn"]
-        cells = [row["case"], f"{format_ms(fast['best_s'])} (+{fast['spread']:.0%})",
-                 f"{fast['gflops']:.1f}", _pct(fast.get("frac_peak")),
-                 f"{fast['frac_matmul']:.0%}", _bandwidth(row, fast)]
+        cells = [
+            row["case"],
+            f"{format_ms(fast['best_s'])} (+{fast['spread']:.0%})",
+            f"{fast['gflops']:.1f}",
+            _pct(fast.get("frac_peak")),
+            f"{fast['frac_matmul']:.0%}",
+            _bandwidth(row, fast),
+        ]
         for b in bases:
             if b in res:
                 cells += [format_ms(res[b]["best_s"]), f"**{row['speedup'][b]:.2f}x**"]
             else:
                 cells += ["-", "-"]
-        cells.append(" / ".join(_err(res[i]["max_abs_err"]) if i in res else "-"
-                                for i in impls))
+        cells.append(" / ".join(_err(res[i]["max_abs_err"]) if i in res else "-" for i in impls))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -70,25 +74,53 @@ def summary_table(doc: dict, dtype: str) -> str:
 def detail_table(doc: dict) -> str:
     """Every implementation of every row: best and median time, spread, rounds x calls, the
     rates, and the op an engine ran (its fastest for the row)."""
-    header = ["case", "dtype", "impl", "best ms", "median ms", "spread", "rounds x calls",
-              "GFLOP/s", "% peak", "% matmul", "GB/s (% bw)", "max abs error"]
+    header = [
+        "case",
+        "dtype",
+        "impl",
+        "best ms",
+        "median ms",
+        "spread",
+        "rounds x calls",
+        "GFLOP/s",
+        "% peak",
+        "% matmul",
+        "GB/s (% bw)",
+        "max abs error",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in doc["rows"]:
         for name, r in row["results"].items():
             impl = f"{name} ({r['op']})" if "op" in r else name
-            lines.append("| " + " | ".join([
-                row["case"], row["dtype"], impl, format_ms(r["best_s"]),
-                format_ms(r["median_s"]), f"+{r['spread']:.1%}",
-                f"{r['rounds']} x {r['calls_per_round']}", f"{r['gflops']:.1f}",
-                _pct(r.get("frac_peak")), f"{r['frac_matmul']:.0%}", _bandwidth(row, r),
-                _err(r["max_abs_err"])]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        row["case"],
+                        row["dtype"],
+                        impl,
+                        format_ms(r["best_s"]),
+                        format_ms(r["median_s"]),
+                        f"+{r['spread']:.1%}",
+                        f"{r['rounds']} x {r['calls_per_round']}",
+                        f"{r['gflops']:.1f}",
+                        _pct(r.get("frac_peak")),
+                        f"{r['frac_matmul']:.0%}",
+                        _bandwidth(row, r),
+                        _err(r["max_abs_err"]),
+                    ]
+                )
+                + " |"
+            )
     return "\n".join(lines)
 
 
 def machine_line(doc: dict) -> str:
     m, cfg = doc["machine"], doc["config"]
-    return (f"{m['cpu']}, {m['cpus']} CPUs available, {m['threads']} threads used; "
-            f"{m['platform']}; fastattn ISA {cfg['isa']}")
+    return (
+        f"{m['cpu']}, {m['cpus']} CPUs available, {m['threads']} threads used; "
+        f"{m['platform']}; fastattn ISA {cfg['isa']}"
+    )
 
 
 def versions_line(doc: dict) -> str:
@@ -106,24 +138,34 @@ def limits_lines(doc: dict) -> list[str]:
     lim = doc.get("limits") or {}
     peak, bw = lim.get("fma_peak_gflops"), lim.get("read_bandwidth_gbs")
     if peak is None and bw is None:
-        return ["- Machine limits: not measured (this build has no probes: `fastattn._core` "
-                "has no `fma_peak` / `read_bandwidth`), so *% peak* and *% bw* are empty."]
+        return [
+            "- Machine limits: not measured (this build has no probes: `fastattn._core` "
+            "has no `fma_peak` / `read_bandwidth`), so *% peak* and *% bw* are empty."
+        ]
     out = []
     if peak is None:
-        out.append("- FMA peak: not measured (this build has no `fastattn._core.fma_peak`), "
-                   "so *% peak* is empty.")
+        out.append(
+            "- FMA peak: not measured (this build has no `fastattn._core.fma_peak`), "
+            "so *% peak* is empty."
+        )
     else:
         rates = ", ".join(f"{d} **{g:.1f} GFLOP/s**" for d, g in peak.items())
-        out.append(f"- FMA peak, same run: {rates} (`fastattn._core.fma_peak`: the "
-                   f"{lim['isa']} FMA-throughput kernel, {_threads(lim)}, "
-                   f"{lim['fma_seconds']:g} s per dtype).")
+        out.append(
+            f"- FMA peak, same run: {rates} (`fastattn._core.fma_peak`: the "
+            f"{lim['isa']} FMA-throughput kernel, {_threads(lim)}, "
+            f"{lim['fma_seconds']:g} s per dtype)."
+        )
     if bw is None:
-        out.append("- Read bandwidth: not measured (this build has no "
-                   "`fastattn._core.read_bandwidth`), so *% bw* is empty.")
+        out.append(
+            "- Read bandwidth: not measured (this build has no "
+            "`fastattn._core.read_bandwidth`), so *% bw* is empty."
+        )
     else:
-        out.append(f"- Read bandwidth, same run: **{bw:.1f} GB/s** "
-                   f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
-                   f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']}).")
+        out.append(
+            f"- Read bandwidth, same run: **{bw:.1f} GB/s** "
+            f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
+            f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']})."
+        )
     return out
 
 
@@ -189,8 +231,7 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
     out = [
         "# fastattn benchmark report",
         "",
-        f"`{doc['command']}` ({doc['preset']} preset) on {doc['date']}, "
-        f"{doc['elapsed_s']:.0f} s.",
+        f"`{doc['command']}` ({doc['preset']} preset) on {doc['date']}, {doc['elapsed_s']:.0f} s.",
         "",
         f"- Machine: {machine_line(doc)}.",
         *limits_lines(doc),
@@ -212,16 +253,23 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
         out += [f"![{title}]({name})", ""]
     if doc["notes"]:
         out += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]] + [""]
-    out += ["## Method", "", METHOD.format(description=doc["method"]["description"],
-                                           mm_n=mm["n"], ort_opset=ORT_OPSET).rstrip(), ""]
+    out += [
+        "## Method",
+        "",
+        METHOD.format(
+            description=doc["method"]["description"], mm_n=mm["n"], ort_opset=ORT_OPSET
+        ).rstrip(),
+        "",
+    ]
     out += ["## Configuration (`fastattn.show_config()`)", "", "```text"]
     out += [f"{k}: {v}" for k, v in doc["config"].items()] + ["```", ""]
     out += ["## Every measurement", "", detail_table(doc), ""]
     return "\n".join(out)
 
 
-def write(doc: dict, out_dir: Path, plots: list[tuple[str, str]],
-          plot_note: str | None) -> tuple[Path, Path]:
+def write(
+    doc: dict, out_dir: Path, plots: list[tuple[str, str]], plot_note: str | None
+) -> tuple[Path, Path]:
     """Write report.md and report.json into ``out_dir``; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {**doc, "plots": [name for name, _ in plots], "plot_note": plot_note}

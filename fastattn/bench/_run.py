@@ -31,8 +31,12 @@ METHODS = {
 MATMUL_SIZE = {"smoke": 256, "quick": 1024, "default": 2048, "full": 2048}
 # machine_limits' knobs: seconds of FMA per dtype, bytes read (well past the last-level
 # cache), repeats of the read
-LIMITS = {"smoke": (0.01, 1 << 24, 1), "quick": (0.1, 1 << 28, 3),
-          "default": (0.2, 1 << 30, 3), "full": (0.3, 1 << 30, 5)}
+LIMITS = {
+    "smoke": (0.01, 1 << 24, 1),
+    "quick": (0.1, 1 << 28, 3),
+    "default": (0.2, 1 << 30, 3),
+    "full": (0.3, 1 << 30, 5),
+}
 
 
 @dataclass
@@ -50,13 +54,23 @@ class Settings:
         m = METHODS[self.preset]
         if self.rounds is None:
             return m
-        return Method(rounds=self.rounds, round_time=m.round_time, settle=m.settle,
-                      budget=m.budget * self.rounds / m.rounds,
-                      min_rounds=min(m.min_rounds, self.rounds), max_calls=m.max_calls)
+        return Method(
+            rounds=self.rounds,
+            round_time=m.round_time,
+            settle=m.settle,
+            budget=m.budget * self.rounds / m.rounds,
+            min_rounds=min(m.min_rounds, self.rounds),
+            max_calls=m.max_calls,
+        )
 
     def rows(self) -> list[tuple[Case, str]]:
-        return [(case, dtype) for case in grid(self.preset) if case.matches(self.shapes)
-                for dtype in case.dtypes if dtype in self.dtypes]
+        return [
+            (case, dtype)
+            for case in grid(self.preset)
+            if case.matches(self.shapes)
+            for dtype in case.dtypes
+            if dtype in self.dtypes
+        ]
 
 
 def cpu_model() -> str:
@@ -99,8 +113,10 @@ def run(settings: Settings, progress=_progress) -> dict:
     threads = settings.threads or fastattn.get_num_threads()
     rows = settings.rows()
     if not rows:
-        raise ValueError(f"no case of the {settings.preset!r} preset matches --shapes "
-                         f"{','.join(settings.shapes)!r} and --dtype {','.join(settings.dtypes)}")
+        raise ValueError(
+            f"no case of the {settings.preset!r} preset matches --shapes "
+            f"{','.join(settings.shapes)!r} and --dtype {','.join(settings.dtypes)}"
+        )
     method = settings.method()
     libs = Libraries(threads, settings.impls)
     impls = libs.available()
@@ -110,8 +126,12 @@ def run(settings: Settings, progress=_progress) -> dict:
         "command": settings.command,
         "preset": settings.preset,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cpus": _cpu_count(), "platform": platform.platform(),
-                    "threads": threads},
+        "machine": {
+            "cpu": cpu_model(),
+            "cpus": _cpu_count(),
+            "platform": platform.platform(),
+            "threads": threads,
+        },
         "config": config(),
         "versions": libs.versions,
         "implementations": impls,
@@ -119,16 +139,23 @@ def run(settings: Settings, progress=_progress) -> dict:
         "rows": [],
         "notes": notes,
     }
-    progress(f"fastattn.bench: {settings.preset} preset, {len(rows)} rows, {threads} threads; "
-             f"comparing {', '.join(impls)}")
+    progress(
+        f"fastattn.bench: {settings.preset} preset, {len(rows)} rows, {threads} threads; "
+        f"comparing {', '.join(impls)}"
+    )
     with fastattn.set_num_threads(threads), blas_threads(threads, notes):
         rate, mm = matmul_rate(n=MATMUL_SIZE[settings.preset], method=method)
-        doc["matmul"] = {"gflops": rate / 1e9, "n": MATMUL_SIZE[settings.preset],
-                         "dtype": "float32", **mm.as_dict()}
-        progress(f"float32 matmul rate (NumPy a @ b, n={MATMUL_SIZE[settings.preset]}): "
-                 f"{rate / 1e9:.1f} GFLOP/s (spread {mm.spread:.0%})")
-        limits = machine_limits(sorted({d for _, d in rows}), threads,
-                                *LIMITS[settings.preset])
+        doc["matmul"] = {
+            "gflops": rate / 1e9,
+            "n": MATMUL_SIZE[settings.preset],
+            "dtype": "float32",
+            **mm.as_dict(),
+        }
+        progress(
+            f"float32 matmul rate (NumPy a @ b, n={MATMUL_SIZE[settings.preset]}): "
+            f"{rate / 1e9:.1f} GFLOP/s (spread {mm.spread:.0%})"
+        )
+        limits = machine_limits(sorted({d for _, d in rows}), threads, *LIMITS[settings.preset])
         doc["limits"] = limits
         progress(limits_line(limits))
         for i, (case, dtype) in enumerate(rows, 1):
@@ -154,16 +181,20 @@ def limits_line(limits: dict) -> str:
     peak, bw = limits["fma_peak_gflops"], limits["read_bandwidth_gbs"]
     if peak is None and bw is None:
         return "machine limits not measured (this build has no probes)"
-    parts = [f"{d} FMA peak {g:.1f} GFLOP/s" for d, g in (peak or {}).items()] or \
-        ["FMA peak not measured (this build has no fma_peak probe)"]
-    parts.append(f"read bandwidth {bw:.1f} GB/s" if bw is not None else
-                 "read bandwidth not measured (this build has no read_bandwidth probe)")
-    return (f"machine limits ({limits['isa']}, {limits['threads']} threads): "
-            + ", ".join(parts))
+    parts = [f"{d} FMA peak {g:.1f} GFLOP/s" for d, g in (peak or {}).items()] or [
+        "FMA peak not measured (this build has no fma_peak probe)"
+    ]
+    parts.append(
+        f"read bandwidth {bw:.1f} GB/s"
+        if bw is not None
+        else "read bandwidth not measured (this build has no read_bandwidth probe)"
+    )
+    return f"machine limits ({limits['isa']}, {limits['threads']} threads): " + ", ".join(parts)
 
 
-def _measure_row(case: Case, dtype: str, libs, impls, method: Method, rate: float,
-                 limits: dict, seed: int) -> dict:
+def _measure_row(
+    case: Case, dtype: str, libs, impls, method: Method, rate: float, limits: dict, seed: int
+) -> dict:
     work = build(case, dtype, libs, impls, seed, probe=lambda fn: probe_time(fn, method))
     errors, first = work.first_calls()  # also the candidates' warm-up calls
     timings = measure(work.candidates, method=method, first_calls=first)
@@ -172,8 +203,12 @@ def _measure_row(case: Case, dtype: str, libs, impls, method: Method, rate: floa
     bw = limits["read_bandwidth_gbs"] if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():
-        results[name] = {**t.as_dict(), "gflops": flops / t.best / 1e9,
-                         "frac_matmul": flops / t.best / rate, "max_abs_err": errors[name]}
+        results[name] = {
+            **t.as_dict(),
+            "gflops": flops / t.best / 1e9,
+            "frac_matmul": flops / t.best / rate,
+            "max_abs_err": errors[name],
+        }
         # The share of the machine's limit for what bounds this case (None: not measured
         # or not the bound).
         results[name]["frac_peak"] = flops / t.best / 1e9 / peak if peak else None
@@ -183,12 +218,21 @@ def _measure_row(case: Case, dtype: str, libs, impls, method: Method, rate: floa
     fast = timings["fastattn"].best
     del work
     gc.collect()
-    return {"case": case.name, "kind": case.kind, "dims": list(case.dims),
-            "causal": case.causal, "tags": list(case.tags), "series": case.series,
-            "seq_len": case.seq_len, "dtype": dtype, "flops": flops, "bytes": moved,
-            "bound": case.bound, "results": results,
-            "speedup": {name: t.best / fast for name, t in timings.items()
-                        if name != "fastattn"}}
+    return {
+        "case": case.name,
+        "kind": case.kind,
+        "dims": list(case.dims),
+        "causal": case.causal,
+        "tags": list(case.tags),
+        "series": case.series,
+        "seq_len": case.seq_len,
+        "dtype": dtype,
+        "flops": flops,
+        "bytes": moved,
+        "bound": case.bound,
+        "results": results,
+        "speedup": {name: t.best / fast for name, t in timings.items() if name != "fastattn"},
+    }
 
 
 def _row_summary(row: dict) -> str:

@@ -240,26 +240,35 @@ def test_console_script_runs_in_the_source_checkout():
 
 def test_default_grid_holds_the_speed_targets_shapes():
     cases = {(c.dims, c.causal) for c in _cases.grid("default")}
-    for dims in ((4, 12, 12, 512, 512, 64), (1, 8, 8, 2048, 2048, 64),
-                 (1, 32, 8, 1024, 1024, 128), (32, 8, 8, 128, 128, 64)):
+    for dims in (
+        (4, 12, 12, 512, 512, 64),
+        (1, 8, 8, 2048, 2048, 64),
+        (1, 32, 8, 1024, 1024, 128),
+        (32, 8, 8, 128, 128, 64),
+    ):
         assert (dims, False) in cases and (dims, True) in cases, dims
     assert ((1, 32, 8, 1, 16384, 128), False) in cases
     names = [c.name for c in _cases.grid("default")]
     assert len(names) == len(set(names))
     bounds = {c.name: c.bound for c in _cases.grid("smoke")}
-    assert bounds == {"self-attention 1x8 16x16 E64": "compute",
-                      "self-attention 1x8 32x32 E64": "compute",
-                      "causal 1x8 16x16 E64": "compute", "causal 1x8 32x32 E64": "compute",
-                      "GQA decode 1x4/2 1x64 E16": "memory",
-                      "additive 2x 8x16 D8 H16": None,
-                      "masked_softmax 4x8x16 valid_lens": "memory"}
+    assert bounds == {
+        "self-attention 1x8 16x16 E64": "compute",
+        "self-attention 1x8 32x32 E64": "compute",
+        "causal 1x8 16x16 E64": "compute",
+        "causal 1x8 32x32 E64": "compute",
+        "GQA decode 1x4/2 1x64 E16": "memory",
+        "additive 2x 8x16 D8 H16": None,
+        "masked_softmax 4x8x16 valid_lens": "memory",
+    }
 
 
 def _smoke_doc(**settings):
     from fastattn.bench._run import Settings, run
 
-    return run(Settings(preset="smoke", impls=("fastattn", "numpy"), **settings),
-               progress=lambda *args, **kwargs: None)
+    return run(
+        Settings(preset="smoke", impls=("fastattn", "numpy"), **settings),
+        progress=lambda *args, **kwargs: None,
+    )
 
 
 def test_machine_limits_in_the_report(monkeypatch, tmp_path):
@@ -280,8 +289,11 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
     monkeypatch.setattr(fastattn._core, "fma_peak", fma_peak, raising=False)
     monkeypatch.setattr(fastattn._core, "read_bandwidth", read_bandwidth, raising=False)
     doc = _smoke_doc(threads=1)
-    assert sorted(calls) == [("fma", "float32", 1, 0.01), ("fma", "float64", 1, 0.01),
-                             ("read", 1 << 24, 1, 1)]
+    assert sorted(calls) == [
+        ("fma", "float32", 1, 0.01),
+        ("fma", "float64", 1, 0.01),
+        ("read", 1 << 24, 1, 1),
+    ]
     lim = doc["limits"]
     assert lim["fma_peak_gflops"] == {"float32": 400.0, "float64": 200.0}
     assert lim["read_bandwidth_gbs"] == 50.0 and lim["isa"] == fastattn._core.active_isa()
@@ -302,15 +314,21 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
     assert decode["bytes"] == 4 * (2 * 4 * 1 * 16 + 2 * 2 * 64 * 16)
     doc["elapsed_s"] = 1.0
     md = _report.markdown(doc, [], None)
-    assert (f"FMA peak, same run: float32 **400.0 GFLOP/s**, float64 **200.0 GFLOP/s** "
-            f"(`fastattn._core.fma_peak`: the {lim['isa']} FMA-throughput kernel, 1 thread, "
-            "0.01 s per dtype)") in md
-    assert ("Read bandwidth, same run: **50.0 GB/s** (`fastattn._core.read_bandwidth`: "
-            "1 thread reading a 16 MiB buffer, best of 1)") in md
+    assert (
+        f"FMA peak, same run: float32 **400.0 GFLOP/s**, float64 **200.0 GFLOP/s** "
+        f"(`fastattn._core.fma_peak`: the {lim['isa']} FMA-throughput kernel, 1 thread, "
+        "0.01 s per dtype)"
+    ) in md
+    assert (
+        "Read bandwidth, same run: **50.0 GB/s** (`fastattn._core.read_bandwidth`: "
+        "1 thread reading a 16 MiB buffer, best of 1)"
+    ) in md
     assert "| % peak | % matmul | GB/s (% bw) |" in md and "not measured" not in md
     fast = decode["results"]["fastattn"]
-    assert (f"| {fast['gbytes_per_s']:.1f} ({fast['frac_bandwidth']:.0%}) |"
-            in _report.summary_table(doc, "float32"))
+    assert (
+        f"| {fast['gbytes_per_s']:.1f} ({fast['frac_bandwidth']:.0%}) |"
+        in _report.summary_table(doc, "float32")
+    )
 
 
 def test_without_probes_the_report_says_so(monkeypatch):
@@ -321,8 +339,11 @@ def test_without_probes_the_report_says_so(monkeypatch):
     doc = _smoke_doc(dtypes=("float32",), shapes=["decode", "causal 1x8 16x16"])
     assert doc["limits"]["fma_peak_gflops"] is None
     assert doc["limits"]["read_bandwidth_gbs"] is None
-    assert all(r["frac_peak"] is None and r["frac_bandwidth"] is None
-               for row in doc["rows"] for r in row["results"].values())
+    assert all(
+        r["frac_peak"] is None and r["frac_bandwidth"] is None
+        for row in doc["rows"]
+        for r in row["results"].values()
+    )
     doc["elapsed_s"] = 1.0
     md = _report.markdown(doc, [], None)
     assert "- Machine limits: not measured (this build has no probes" in md
@@ -332,20 +353,33 @@ def test_without_probes_the_report_says_so(monkeypatch):
 
 
 def test_without_the_engines_the_report_says_so(tmp_path):
-    cmd = [sys.executable, "-c", "import sys; sys.modules['onnxruntime'] = None; "
-           "sys.modules['openvino'] = None; "
-           "from fastattn.bench._cli import main; raise SystemExit(main(sys.argv[1:]))",
-           "--smoke", "--impls", "fastattn,ort,openvino", "--shapes", "decode", "--out", "out",
-           "--no-plots", "--json"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          check=False)
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; sys.modules['onnxruntime'] = None; "
+        "sys.modules['openvino'] = None; "
+        "from fastattn.bench._cli import main; raise SystemExit(main(sys.argv[1:]))",
+        "--smoke",
+        "--impls",
+        "fastattn,ort,openvino",
+        "--shapes",
+        "decode",
+        "--out",
+        "out",
+        "--no-plots",
+        "--json",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["implementations"] == ["fastattn"]
-    assert "ONNX Runtime is not installed (pip install onnxruntime onnx): no ort column." \
+    assert (
+        "ONNX Runtime is not installed (pip install onnxruntime onnx): no ort column."
         in doc["notes"]
-    assert "OpenVINO is not installed (pip install openvino): no openvino column." \
-        in doc["notes"]
+    )
+    assert "OpenVINO is not installed (pip install openvino): no openvino column." in doc["notes"]
 
 
 @pytest.mark.parametrize("engine", ["ort", "openvino"])
@@ -361,24 +395,35 @@ def test_engine_variants_match_the_reference(engine):
 
     rng = np.random.default_rng(1)
     seen = set()
-    for hq, hkv, lq, lk, causal in ((4, 4, 8, 8, False), (4, 4, 8, 8, True),
-                                    (4, 2, 8, 8, False), (4, 2, 8, 8, True),
-                                    (4, 2, 1, 40, False), (2, 2, 1, 40, False),
-                                    (4, 4, 5, 9, False)):
+    for hq, hkv, lq, lk, causal in (
+        (4, 4, 8, 8, False),
+        (4, 4, 8, 8, True),
+        (4, 2, 8, 8, False),
+        (4, 2, 8, 8, True),
+        (4, 2, 1, 40, False),
+        (2, 2, 1, 40, False),
+        (4, 4, 5, 9, False),
+    ):
         q = rng.standard_normal((2, hq, lq, 16)).astype(np.float32)
         k, v = (rng.standard_normal((2, hkv, lk, 16)).astype(np.float32) for _ in range(2))
         expected = fastattn.reference.scaled_dot_product_attention(
-            *(a.astype(np.float64) for a in (q, k, v)), is_causal=causal)
+            *(a.astype(np.float64) for a in (q, k, v)), is_causal=causal
+        )
         for runner in _anchors.runners(engine, q, k, v, causal, 1):
             seen.add(runner.op)
             for _ in range(2):  # a second call too: a decode step reuses its cache
                 got = runner.to_numpy(runner.call())
                 assert got.shape == expected.shape, runner.op
                 np.testing.assert_allclose(got, expected, atol=2e-6, err_msg=runner.op)
-    assert seen == ({"ONNX Attention", "com.microsoft MultiHeadAttention",
-                     "com.microsoft GroupQueryAttention"} if engine == "ort" else
-                    {"opset13 SDPA", "opset13 SDPA, K/V broadcast over the group",
-                     "opset13 SDPA, group rows stacked"})
+    assert seen == (
+        {"ONNX Attention", "com.microsoft MultiHeadAttention", "com.microsoft GroupQueryAttention"}
+        if engine == "ort"
+        else {
+            "opset13 SDPA",
+            "opset13 SDPA, K/V broadcast over the group",
+            "opset13 SDPA, group rows stacked",
+        }
+    )
 
 
 @pytest.mark.parametrize("engine", ["ort", "openvino"])
@@ -386,8 +431,18 @@ def test_engines_in_the_benchmark(tmp_path, engine):
     pytest.importorskip({"ort": "onnxruntime", "openvino": "openvino"}[engine])
     if engine == "ort":
         pytest.importorskip("onnx")
-    proc = run_cli(tmp_path, "--smoke", "--impls", f"numpy,{engine}", "--shapes",
-                   "self-attention,decode", "--out", "out", "--json", "--no-plots")
+    proc = run_cli(
+        tmp_path,
+        "--smoke",
+        "--impls",
+        f"numpy,{engine}",
+        "--shapes",
+        "self-attention,decode",
+        "--out",
+        "out",
+        "--json",
+        "--no-plots",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["implementations"] == ["fastattn", "numpy", engine] and engine in doc["versions"]
@@ -397,8 +452,9 @@ def test_engines_in_the_benchmark(tmp_path, engine):
             continue
         r = row["results"][engine]
         assert r["max_abs_err"] < 1e-5 and r["best_s"] > 0 and r["op"]
-        assert row["speedup"][engine] == pytest.approx(r["best_s"] /
-                                                       row["results"]["fastattn"]["best_s"])
+        assert row["speedup"][engine] == pytest.approx(
+            r["best_s"] / row["results"]["fastattn"]["best_s"]
+        )
     md = (tmp_path / "out" / "report.md").read_text()
     assert f"| {engine} ms | vs {engine} |" in md and f"| {engine} (" in md
 
@@ -408,5 +464,7 @@ def test_onnxruntime_without_onnx_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if onnx were not installed
     libs = _cases.Libraries(1, ("fastattn", "ort"))
     assert libs.available() == ["fastattn"]
-    assert libs.notes == ["ONNX Runtime is installed but the onnx package that builds its "
-                          "models is not (pip install onnx): no ort column."]
+    assert libs.notes == [
+        "ONNX Runtime is installed but the onnx package that builds its "
+        "models is not (pip install onnx): no ort column."
+    ]

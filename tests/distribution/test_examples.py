@@ -115,8 +115,13 @@ def test_chunked_example_matches_one_shot(tmp_path):
     keys, values = ex.write_context(tmp_path, ex.context_chunks(rng, queries, needles))
     out, lse, chunk_lses = ex.chunked_attention(queries, keys, values)
     full, full_lse = fastattn.scaled_dot_product_attention(
-        queries, np.asarray(keys), np.asarray(values), is_causal=True,
-        causal_alignment="bottom_right", return_lse=True)
+        queries,
+        np.asarray(keys),
+        np.asarray(values),
+        is_causal=True,
+        causal_alignment="bottom_right",
+        return_lse=True,
+    )
     np.testing.assert_allclose(out, full, atol=2e-5)  # float32, both rounded
     np.testing.assert_allclose(lse, full_lse, rtol=1e-6)
     share = np.exp(chunk_lses - lse)

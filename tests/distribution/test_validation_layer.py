@@ -52,12 +52,13 @@ def _keyword_spy(name, monkeypatch, seen):
 CALLS = {
     "sdpa": lambda q, k, v: fastattn.scaled_dot_product_attention(q, k, v, return_lse=True),
     "attention-softmax": lambda q, k, v: fastattn.attention(q, k, v, score="cosine"),
-    "attention-select": lambda q, k, v: fastattn.attention(q, k, v, normalize="topk",
-                                                           top_k=2),
-    "attention-general": lambda q, k, v: fastattn.attention(q, k, v, score="general",
-                                                            weight=np.eye(4, dtype=q.dtype)),
+    "attention-select": lambda q, k, v: fastattn.attention(q, k, v, normalize="topk", top_k=2),
+    "attention-general": lambda q, k, v: fastattn.attention(
+        q, k, v, score="general", weight=np.eye(4, dtype=q.dtype)
+    ),
     "additive": lambda q, k, v: fastattn.additive_attention(
-        q, k, v, np.ones((4, 3), q.dtype), np.ones((4, 3), q.dtype), np.ones(3, q.dtype)),
+        q, k, v, np.ones((4, 3), q.dtype), np.ones((4, 3), q.dtype), np.ones(3, q.dtype)
+    ),
     "masked_softmax": lambda q, k, v: fastattn.masked_softmax(q, np.array([2, 3])),
     "nadaraya_watson": lambda q, k, v: fastattn.nadaraya_watson(q[0], k[0], v[0]),
 }
@@ -75,17 +76,27 @@ def test_core_is_called_by_keyword(case, monkeypatch):
         _keyword_spy(name, monkeypatch, seen)
     got = CALLS[case](q, k, v)
     assert seen, "no call reached the core"
-    for a, b in zip(got if isinstance(got, tuple) else (got,),
-                    expected if isinstance(expected, tuple) else (expected,)):
+    for a, b in zip(
+        got if isinstance(got, tuple) else (got,),
+        expected if isinstance(expected, tuple) else (expected,),
+    ):
         np.testing.assert_array_equal(a, b)
 
 
 def test_public_signatures_are_annotated():
-    for fn in (fastattn.scaled_dot_product_attention, fastattn.attention,
-               fastattn.additive_attention, fastattn.masked_softmax, fastattn.nadaraya_watson,
-               fastattn.MultiHeadAttention.__call__, fastattn.reference.multi_head_attention):
+    for fn in (
+        fastattn.scaled_dot_product_attention,
+        fastattn.attention,
+        fastattn.additive_attention,
+        fastattn.masked_softmax,
+        fastattn.nadaraya_watson,
+        fastattn.MultiHeadAttention.__call__,
+        fastattn.reference.multi_head_attention,
+    ):
         sig = inspect.signature(fn)
         assert sig.return_annotation is not inspect.Signature.empty, fn.__qualname__
         for p in sig.parameters.values():
             assert p.name == "self" or p.annotation is not inspect.Parameter.empty, (
-                fn.__qualname__, p.name)
+                fn.__qualname__,
+                p.name,
+            )

@@ -14,11 +14,20 @@ from fastattn import _core
 
 def peak_under(isa: str) -> float:
     """fma_peak (float32) in a fresh interpreter with FASTATTN_ISA=isa, best of three."""
-    code = ("import fastattn, fastattn._core as c\n"
-            "print(max(c.fma_peak('float32', 1, 0.1) for _ in range(3)))\n")
+    code = (
+        "import fastattn, fastattn._core as c\n"
+        "print(max(c.fma_peak('float32', 1, 0.1) for _ in range(3)))\n"
+    )
     env = dict(os.environ, FASTATTN_ISA=isa)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=120, check=True, cwd=os.path.dirname(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+        cwd=os.path.dirname(__file__),
+    )
     return float(proc.stdout.strip().splitlines()[-1])
 
 
