@@ -1,11 +1,13 @@
 # cython: language_level=3
 # fastattn's C API for Cython: `cimport fastattn.capi` (or `from fastattn.capi cimport ...`),
 # compile with fastattn.get_include() on the include path, call import_fastattn() once at
-# module import (GIL held), then call sdpa()/masked_softmax() (or the table directly) from
+# module import (GIL held), then call sdpa()/masked_softmax()/merge_attention_states() (or the
+# table directly) from
 # nogil code, prange loops included. See the header fastattn/fastattn.h for the contract.
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memset
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset, strncpy
 
 cdef extern from "fastattn/fastattn.h" nogil:
     enum:
@@ -41,9 +43,20 @@ cdef extern from "fastattn/fastattn.h" nogil:
         int32_t num_threads
         fastattn_tensor x, out, mask, valid_lens
 
+    ctypedef struct fastattn_merge_states_args:
+        size_t struct_size
+        int32_t dtype
+        int32_t num_threads
+        int64_t num_parts
+        const fastattn_tensor* outputs
+        const fastattn_tensor* lses
+        fastattn_tensor out, lse
+
     ctypedef int (*fastattn_sdpa_fn)(const fastattn_sdpa_args*, char*, size_t) noexcept nogil
     ctypedef int (*fastattn_masked_softmax_fn)(
         const fastattn_masked_softmax_args*, char*, size_t) noexcept nogil
+    ctypedef int (*fastattn_merge_states_fn)(
+        const fastattn_merge_states_args*, char*, size_t) noexcept nogil
 
     ctypedef struct fastattn_capi:
         uint32_t version
@@ -51,6 +64,7 @@ cdef extern from "fastattn/fastattn.h" nogil:
         const char* library_version
         fastattn_sdpa_fn sdpa
         fastattn_masked_softmax_fn masked_softmax
+        fastattn_merge_states_fn merge_attention_states
 
     # The header's per-module table pointer, set by fastattn_import().
     const fastattn_capi* fastattn_api_table
@@ -156,3 +170,46 @@ cdef inline int masked_softmax(const real[:, :, :, :] x, real[:, :, :, :] out,
         a.mask = _tensor(<char*>&mask[0, 0, 0, 0] if _size(mask.shape) else NULL, mask.shape,
                          mask.strides, 4, 1)
     return fastattn_api_table.masked_softmax(&a, msg, msg_size)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline int merge_attention_states(const real[:, :, :, :, :] outputs,
+                                       const real[:, :, :, :] lses, real[:, :, :, :] out,
+                                       real[:, :, :] lse, int num_threads=1, char* msg=NULL,
+                                       size_t msg_size=0) noexcept nogil:
+    """Merges the parts stacked on the first axis: outputs (parts, batch, heads, len_q,
+    dim_v) with a unit-stride last axis, lses (parts, batch, heads, len_q), into out and
+    lse (see the header). Returns a FASTATTN_* status. import_fastattn() first."""
+    cdef fastattn_merge_states_args a
+    cdef Py_ssize_t isz = sizeof(real), i, n = outputs.shape[0]
+    cdef int status
+    if lses.shape[0] != n:  # the C struct has one count for both
+        if msg != NULL and msg_size > 0:
+            strncpy(msg, b"fastattn.capi merge_attention_states: outputs and lses stack "
+                    b"different numbers of parts", msg_size - 1)
+            msg[msg_size - 1] = 0
+        return FASTATTN_ERROR_INVALID
+    cdef fastattn_tensor* parts = <fastattn_tensor*>malloc(2 * (n if n > 0 else 1)
+                                                           * sizeof(fastattn_tensor))
+    if parts == NULL:
+        return FASTATTN_ERROR_NO_MEMORY
+    memset(&a, 0, sizeof(a))
+    a.struct_size = sizeof(fastattn_merge_states_args)
+    a.dtype = FASTATTN_FLOAT32 if real is float else FASTATTN_FLOAT64
+    a.num_threads = num_threads
+    a.num_parts = n
+    for i in range(n):
+        parts[i] = _tensor(<char*>&outputs[i, 0, 0, 0, 0] if _size(&outputs.shape[1]) else NULL,
+                           &outputs.shape[1], &outputs.strides[1], 4, isz)
+        parts[n + i] = _tensor(<char*>&lses[i, 0, 0, 0] if _size(lses.shape) else NULL,
+                               &lses.shape[1], &lses.strides[1], 3, isz)
+    a.outputs = parts
+    a.lses = parts + n
+    a.out = _tensor(<char*>&out[0, 0, 0, 0] if _size(out.shape) else NULL, out.shape,
+                    out.strides, 4, isz)
+    a.lse = _tensor(<char*>&lse[0, 0, 0] if lse.shape[0] * lse.shape[1] * lse.shape[2] else NULL,
+                    lse.shape, lse.strides, 3, isz)
+    status = fastattn_api_table.merge_attention_states(&a, msg, msg_size)
+    free(parts)
+    return status

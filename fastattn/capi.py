@@ -3,12 +3,14 @@ argument structs, for ctypes and Numba callers (C and Cython include the header 
 ``fastattn/include/fastattn/fastattn.h`` and ``fastattn/capi.pxd``).
 
 The table is the capsule ``fastattn._core._C_API``; :func:`table` reads it through ctypes.
-``sdpa`` and ``masked_softmax`` are ctypes function pointers taking ``(args, msg,
-msg_size)`` as ``void*`` / ``char*`` / ``size_t``, callable from ctypes and from Numba's
-nopython mode (pass ``array.ctypes`` for the pointers). The argument structs are
-:class:`SdpaArgs` and :class:`MaskedSoftmaxArgs` (ctypes), or as NumPy structured dtypes
-``SDPA_ARGS_DTYPE`` and ``MASKED_SOFTMAX_ARGS_DTYPE`` (for Numba, which reads and writes
-record fields). :func:`sdpa_args` fills one from NumPy arrays.
+``sdpa``, ``masked_softmax`` and ``merge_attention_states`` are ctypes function pointers
+taking ``(args, msg, msg_size)`` as ``void*`` / ``char*`` / ``size_t``, callable from ctypes
+and from Numba's nopython mode (pass ``array.ctypes`` for the pointers). The argument
+structs are :class:`SdpaArgs`, :class:`MaskedSoftmaxArgs` and :class:`MergeStatesArgs`
+(ctypes), or as NumPy structured dtypes ``SDPA_ARGS_DTYPE``, ``MASKED_SOFTMAX_ARGS_DTYPE``
+and ``MERGE_STATES_ARGS_DTYPE`` (for Numba, which reads and writes record fields).
+:func:`sdpa_args`, :func:`masked_softmax_args` and :func:`merge_states_args` fill one from
+NumPy arrays.
 """
 
 from __future__ import annotations
@@ -26,16 +28,20 @@ __all__ = [
     "FLOAT32",
     "FLOAT64",
     "MASKED_SOFTMAX_ARGS_DTYPE",
+    "MERGE_STATES_ARGS_DTYPE",
     "OK",
     "SDPA_ARGS_DTYPE",
     "VERSION",
     "MaskedSoftmaxArgs",
+    "MergeStatesArgs",
     "SdpaArgs",
     "Table",
     "Tensor",
     "get_include",
     "masked_softmax",
     "masked_softmax_args",
+    "merge_attention_states",
+    "merge_states_args",
     "sdpa",
     "sdpa_args",
     "table",
@@ -43,7 +49,7 @@ __all__ = [
 ]
 
 # The header's numbers (fastattn.h): keep in step with it.
-VERSION = 1
+VERSION = 2
 OK, ERROR_INVALID, ERROR_NO_MEMORY, ERROR_INTERNAL = 0, 1, 2, 3
 FLOAT32, FLOAT64 = 0, 1
 _DTYPE_CODES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64}
@@ -93,6 +99,23 @@ class MaskedSoftmaxArgs(ctypes.Structure):
     ]
 
 
+class MergeStatesArgs(ctypes.Structure):
+    """``fastattn_merge_states_args`` (see the header): ``outputs`` and ``lses`` are the
+    addresses of ``num_parts`` :class:`Tensor` each (``void*`` here, so that the struct has a
+    NumPy dtype for Numba)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("dtype", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),
+        ("num_parts", ctypes.c_int64),
+        ("outputs", ctypes.c_void_p),
+        ("lses", ctypes.c_void_p),
+        ("out", Tensor),
+        ("lse", Tensor),
+    ]
+
+
 # (args, msg, msg_size) -> status, with void* args so Numba can pass array.ctypes.
 _FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
@@ -106,11 +129,14 @@ class Table(ctypes.Structure):
         ("library_version", ctypes.c_char_p),
         ("sdpa", _FN),
         ("masked_softmax", _FN),
+        # version 2
+        ("merge_attention_states", _FN),
     ]
 
 
 SDPA_ARGS_DTYPE = np.dtype(SdpaArgs)
 MASKED_SOFTMAX_ARGS_DTYPE = np.dtype(MaskedSoftmaxArgs)
+MERGE_STATES_ARGS_DTYPE = np.dtype(MergeStatesArgs)
 
 
 def table_address() -> int:
@@ -129,6 +155,7 @@ def table() -> Table:
 _table = table()
 sdpa = _table.sdpa
 masked_softmax = _table.masked_softmax
+merge_attention_states = _table.merge_attention_states
 
 
 def _tensor(a: np.ndarray | None, ndim: int) -> Tensor:
@@ -188,4 +215,25 @@ def masked_softmax_args(x, out, *, mask=None, valid_lens=None, num_threads=1):
     a.num_threads = num_threads
     a.x, a.out, a.mask = _tensor(x, 4), _tensor(out, 4), _tensor(mask, 4)
     a.valid_lens = _tensor(valid_lens, 3)
+    return a
+
+
+def merge_states_args(outputs, lses, out, lse, *, num_threads=1) -> MergeStatesArgs:
+    """A :class:`MergeStatesArgs` describing NumPy arrays: sequences of 4-D ``outputs`` and
+    3-D ``lses``, 4-D ``out`` and 3-D ``lse``. The arrays must outlive every call made with
+    the struct; the tensor arrays it points to are kept alive by the struct itself.
+    Only the one count is checked here (the struct has one ``num_parts`` for both): the C
+    entry point checks everything else."""
+    if len(outputs) != len(lses):
+        raise ValueError(f"{len(outputs)} outputs but {len(lses)} lses")
+    a = MergeStatesArgs()
+    a.struct_size = ctypes.sizeof(MergeStatesArgs)
+    a.dtype = _DTYPE_CODES.get(out.dtype, -1)
+    a.num_threads = num_threads
+    a.num_parts = len(outputs)
+    parts = (Tensor * max(len(outputs), 1))(*(_tensor(x, 4) for x in outputs))
+    part_lses = (Tensor * max(len(lses), 1))(*(_tensor(x, 3) for x in lses))
+    a.outputs, a.lses = ctypes.addressof(parts), ctypes.addressof(part_lses)
+    a._tensors = (parts, part_lses)  # the addresses above stay valid as long as the struct
+    a.out, a.lse = _tensor(out, 4), _tensor(lse, 3)
     return a

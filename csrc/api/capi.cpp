@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "api/family.h"
+#include "api/merge_states.h"
 #include "api/sdpa.h"
 
 namespace fastattn {
@@ -127,6 +129,31 @@ void masked_softmax(const fastattn_masked_softmax_args* args) {
   fastattn::masked_softmax(c);
 }
 
+void merge_attention_states(const fastattn_merge_states_args* args) {
+  const char* fn = "merge_attention_states";
+  const fastattn_merge_states_args a = read_args(fn, args, sizeof(fastattn_merge_states_args));
+  const int64_t itemsize = dtype_itemsize(fn, a.dtype);
+  if (a.num_parts < 1) capi_fail(fn, "num_parts must be >= 1");
+  if (a.outputs == nullptr || a.lses == nullptr) capi_fail(fn, "outputs and lses must not be NULL");
+  MergeStatesCall& c = per_thread<MergeStatesCall>();
+  const size_t parts = size_t(a.num_parts);
+  // resize, not assign: the ArrayRefs keep their vectors' storage from call to call.
+  c.outputs.resize(parts);
+  c.lses.resize(parts);
+  char name[40];  // "outputs[i]", for the messages: on the stack, no allocation per part
+  for (size_t i = 0; i < parts; ++i) {
+    std::snprintf(name, sizeof name, "outputs[%zu]", i);
+    tensor_ref(fn, name, a.outputs[i], 4, 'f', itemsize, true, false, c.outputs[i]);
+    std::snprintf(name, sizeof name, "lses[%zu]", i);
+    tensor_ref(fn, name, a.lses[i], 3, 'f', itemsize, true, false, c.lses[i]);
+  }
+  tensor_ref(fn, "out", a.out, 4, 'f', itemsize, true, true, c.out);
+  tensor_ref(fn, "lse", a.lse, 3, 'f', itemsize, true, true, c.lse);
+  c.num_threads = a.num_threads;
+  // Shapes agree across parts and with out/lse, unit-stride last axes: the engine's check.
+  fastattn::merge_attention_states(c);
+}
+
 void copy_message(const char* what, char* msg, size_t msg_size) noexcept {
   if (msg == nullptr || msg_size == 0) return;
   const size_t n = std::min(std::strlen(what), msg_size - 1);
@@ -164,12 +191,17 @@ extern "C" int capi_masked_softmax(const fastattn_masked_softmax_args* args, cha
   return guarded([&] { masked_softmax(args); }, msg, msg_size);
 }
 
+extern "C" int capi_merge_states(const fastattn_merge_states_args* args, char* msg,
+                                 size_t msg_size) {
+  return guarded([&] { merge_attention_states(args); }, msg, msg_size);
+}
+
 }  // namespace
 
 const fastattn_capi* capi_table() {
   static const fastattn_capi table = {
       FASTATTN_CAPI_VERSION, sizeof(fastattn_capi), FASTATTN_VERSION, capi_sdpa,
-      capi_masked_softmax,
+      capi_masked_softmax,   capi_merge_states,
   };
   return &table;
 }

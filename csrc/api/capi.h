@@ -1,6 +1,6 @@
 // The C API's entry points (fastattn/include/fastattn/fastattn.h): the C structs checked
-// and turned into the engine's calls (api/sdpa.h, api/family.h), every exception caught at
-// the boundary and turned into a status code and a message.
+// and turned into the engine's calls (api/sdpa.h, api/family.h, api/merge_states.h), every
+// exception caught at the boundary and turned into a status code and a message.
 #pragma once
 
 #include "fastattn/fastattn.h"

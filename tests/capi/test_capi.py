@@ -103,6 +103,169 @@ def test_ctypes_masked_softmax_matches_python_api(isa, dtype):
     np.testing.assert_array_equal(out, fastattn.masked_softmax(x, mask=mask))
 
 
+def _merge_parts(rng, dtype, parts=3, shape=(2, 3, 5, 8)):
+    """Partial outputs (row-strided views) and lses (strided, some rows -inf in a part)."""
+    b, h, lq, dv = shape
+    outputs = [
+        rng.standard_normal((b, h, 2 * lq, dv)).astype(dtype)[:, :, ::2] for _ in range(parts)
+    ]
+    lses = [3 * rng.standard_normal((b, 2 * h, lq)).astype(dtype)[:, ::2] for _ in range(parts)]
+    lses[0][0, 0, :2] = -np.inf  # a part that saw no key of those rows
+    for x in lses:  # and a row that no part saw: zeros and -inf
+        x[1, 2, 4] = -np.inf
+    return outputs, lses
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_ctypes_merge_states_matches_python_api(isa, dtype, parts, num_threads):
+    rng = np.random.default_rng(6)
+    outputs, lses = _merge_parts(rng, dtype, parts)
+    out = np.full((2, 3, 5, 8), np.nan, dtype)
+    lse = np.full((2, 3, 5), np.nan, dtype)
+    args = capi.merge_states_args(outputs, lses, out, lse, num_threads=num_threads)
+    assert _call(capi.merge_attention_states, args) == (capi.OK, "")
+    want, want_lse = fastattn.merge_attention_states(outputs, lses, num_threads=1)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    assert lse[1, 2, 4] == -np.inf and (out[1, 2, 4] == 0).all()
+    # strided outputs: out and lse written in place through their strides
+    out2 = np.full((2, 3, 5, 16), np.nan, dtype)
+    lse2 = np.full((2, 3, 10), np.nan, dtype)
+    args = capi.merge_states_args(outputs, lses, out2[..., :8], lse2[..., ::2])
+    assert _call(capi.merge_attention_states, args) == (capi.OK, "")
+    np.testing.assert_array_equal(out2[..., :8], want)
+    np.testing.assert_array_equal(lse2[..., ::2], want_lse)
+    assert np.isnan(out2[..., 8:]).all() and np.isnan(lse2[..., 1::2]).all()
+
+
+def test_ctypes_merge_states_empty_rows():
+    outputs = [np.zeros((2, 0, 5, 8), np.float32)] * 2
+    lses = [np.zeros((2, 0, 5), np.float32)] * 2
+    out, lse = np.zeros((2, 0, 5, 8), np.float32), np.zeros((2, 0, 5), np.float32)
+    args = capi.merge_states_args(outputs, lses, out, lse)
+    assert _call(capi.merge_attention_states, args) == (capi.OK, "")
+
+
+def _bad_merge_calls():
+    """(name, mutate(args), whole message or fragment): each makes a good call invalid."""
+    prefix = "fastattn C API merge_attention_states: "
+
+    def part(which, i, field, value):
+        def mutate(a):
+            t = ctypes.cast(getattr(a, which), ctypes.POINTER(capi.Tensor))[i]
+            if field == "data":
+                t.data = value
+            elif field == "extent":
+                t.extent = value
+            else:
+                getattr(t, field)[2] = value
+
+        return mutate
+
+    def tensor(name, field, value):
+        def mutate(a):
+            t = getattr(a, name)
+            if field in ("shape", "strides"):
+                getattr(t, field)[2] = value
+            else:
+                setattr(t, field, value)
+
+        return mutate
+
+    def set_(field, value):
+        return lambda a: setattr(a, field, value)
+
+    def out_stride_2(a):  # out[..., :8] of a (..., 16) buffer read as out[..., ::2]
+        a.out.strides[3], a.out.extent = 2, 2 * 3 * 5 * 16
+
+    return [
+        ("null args", None, prefix + "args is NULL"),
+        ("old struct", set_("struct_size", 8), prefix + "struct_size is smaller"),
+        ("bad dtype", set_("dtype", 5), prefix + "dtype must be FASTATTN_FLOAT32 or"),
+        ("no parts", set_("num_parts", 0), prefix + "num_parts must be >= 1"),
+        ("negative parts", set_("num_parts", -1), prefix + "num_parts must be >= 1"),
+        ("null outputs", set_("outputs", None), prefix + "outputs and lses must not be NULL"),
+        ("null lses", set_("lses", None), prefix + "outputs and lses must not be NULL"),
+        ("null part", part("outputs", 1, "data", None), prefix + "outputs[1] is NULL"),
+        ("null lse part", part("lses", 2, "data", None), prefix + "lses[2] is NULL"),
+        (
+            "negative size",
+            part("outputs", 2, "shape", -3),
+            prefix + "outputs[2] has a negative size",
+        ),
+        (
+            "negative stride",
+            part("lses", 0, "strides", -1),
+            prefix + "lses[0] has a negative stride",
+        ),
+        (
+            "part overruns",
+            part("outputs", 1, "strides", 10**6),
+            prefix + "outputs[1] overruns its extent",
+        ),
+        ("lse part overruns", part("lses", 1, "extent", 4), prefix + "lses[1] overruns its extent"),
+        ("null out", tensor("out", "data", None), prefix + "out is NULL"),
+        ("null lse", tensor("lse", "data", None), prefix + "lse is NULL"),
+        ("lse overruns", tensor("lse", "extent", 29), prefix + "lse overruns its extent"),
+        # the engine's own checks, shared with the Python API
+        (
+            "part shape",
+            part("outputs", 1, "shape", 4),
+            "fastattn._core.merge_states: outputs[i] has the wrong shape",
+        ),
+        (
+            "lse part shape",
+            part("lses", 2, "shape", 4),
+            "fastattn._core.merge_states: lses[i] has the wrong shape",
+        ),
+        (
+            "lse shape",
+            tensor("lse", "shape", 4),
+            "fastattn._core.merge_states: lse has the wrong shape",
+        ),
+        (
+            "out last axis",
+            out_stride_2,
+            "fastattn._core.merge_states: out must have a unit-stride last axis",
+        ),
+        (
+            "zero threads",
+            set_("num_threads", 0),
+            "fastattn._core.merge_states: num_threads must be >= 1",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ctypes_merge_states_bad_calls_return_an_error_status(dtype):
+    rng = np.random.default_rng(7)
+    outputs, lses = _merge_parts(rng, dtype)
+    for name, mutate, message in _bad_merge_calls():
+        out = np.full((2, 3, 5, 16), 7.0, dtype)  # room for the wrong-stride case
+        lse = np.full((2, 3, 5), 7.0, dtype)
+        args = capi.merge_states_args(outputs, lses, out[..., :8], lse)
+        if mutate is None:
+            status = capi.merge_attention_states(None, msg := ctypes.create_string_buffer(256), 256)
+            got = msg.value.decode()
+        else:
+            mutate(args)
+            status, got = _call(capi.merge_attention_states, args)
+        assert status == capi.ERROR_INVALID, name
+        assert got.startswith(message), (name, got)
+        assert (out == 7.0).all() and (lse == 7.0).all(), f"{name}: out or lse was written"
+    # misaligned out
+    args = capi.merge_states_args(outputs, lses, np.zeros((2, 3, 5, 8), dtype), lse)
+    args.out.data += 1
+    assert _call(capi.merge_attention_states, args) == (
+        capi.ERROR_INVALID,
+        "fastattn C API merge_attention_states: out must be aligned to its item size",
+    )
+    with pytest.raises(ValueError, match="3 outputs but 2 lses"):
+        capi.merge_states_args(outputs, lses[:2], out, lse)
+
+
 def _bad_sdpa_calls(dtype):
     """(name, mutate(args), message fragment): each makes a well-formed call invalid."""
 
@@ -207,6 +370,7 @@ def test_numpy_struct_dtypes_match_the_ctypes_layout():
     for dtype, struct in (
         (capi.SDPA_ARGS_DTYPE, capi.SdpaArgs),
         (capi.MASKED_SOFTMAX_ARGS_DTYPE, capi.MaskedSoftmaxArgs),
+        (capi.MERGE_STATES_ARGS_DTYPE, capi.MergeStatesArgs),
     ):
         assert dtype.itemsize == ctypes.sizeof(struct)
         for name, _ in struct._fields_:
@@ -288,3 +452,77 @@ def test_c_library_compiled_against_the_header(tmp_path):
         "fastattn C API sdpa: k overruns its extent: its shape and strides reach element "
         "1087, its buffer holds 1024"
     )
+
+
+C_CLIENT_V1 = r"""
+#include <stddef.h>
+#include "fastattn/fastattn.h"
+
+/* The table as a consumer compiled against version 1 of the header saw it. */
+typedef struct capi_v1 {
+  uint32_t version;
+  uint32_t size;
+  const char *library_version;
+  fastattn_sdpa_fn sdpa;
+  fastattn_masked_softmax_fn masked_softmax;
+} capi_v1;
+
+/* version 1's import rule (fastattn_import): version and size at least its own */
+int v1_accepts(const void *table) {
+  const capi_v1 *api = (const capi_v1 *)table;
+  return api->version >= 1 && api->size >= sizeof(capi_v1);
+}
+
+/* version 2 only appended: every version 1 member is where version 1 put it */
+int v1_layout_kept(void) {
+  return sizeof(capi_v1) == offsetof(fastattn_capi, merge_attention_states) &&
+         offsetof(capi_v1, library_version) == offsetof(fastattn_capi, library_version) &&
+         offsetof(capi_v1, sdpa) == offsetof(fastattn_capi, sdpa) &&
+         offsetof(capi_v1, masked_softmax) == offsetof(fastattn_capi, masked_softmax);
+}
+
+int v1_masked_softmax(const void *table, const fastattn_masked_softmax_args *a, char *msg,
+                      size_t n) {
+  return ((const capi_v1 *)table)->masked_softmax(a, msg, n);
+}
+
+/* the merge struct's layout as C sees it: its size, then each member's offset */
+size_t merge_layout(int i) {
+  const size_t at[] = {sizeof(fastattn_merge_states_args),
+                       offsetof(fastattn_merge_states_args, struct_size),
+                       offsetof(fastattn_merge_states_args, dtype),
+                       offsetof(fastattn_merge_states_args, num_threads),
+                       offsetof(fastattn_merge_states_args, num_parts),
+                       offsetof(fastattn_merge_states_args, outputs),
+                       offsetof(fastattn_merge_states_args, lses),
+                       offsetof(fastattn_merge_states_args, out),
+                       offsetof(fastattn_merge_states_args, lse)};
+  return at[i];
+}
+"""
+
+
+def test_a_version_1_consumer_still_imports_and_calls(tmp_path):
+    lib = ctypes.CDLL(str(build_c_library(C_CLIENT_V1, tmp_path)))
+    lib.v1_accepts.argtypes = [ctypes.c_void_p]
+    lib.v1_masked_softmax.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
+    lib.merge_layout.restype = ctypes.c_size_t
+    assert capi.table().version == 2
+    assert lib.v1_accepts(capi.table_address()) == 1
+    assert lib.v1_layout_kept() == 1
+    x = np.random.default_rng(8).standard_normal((1, 2, 3, 4))
+    out = np.full_like(x, np.nan)
+    args = capi.masked_softmax_args(x, out)
+    msg = ctypes.create_string_buffer(200)
+    assert lib.v1_masked_softmax(capi.table_address(), ctypes.addressof(args), msg, 200) == capi.OK
+    np.testing.assert_array_equal(out, fastattn.masked_softmax(x))
+    # the ctypes mirror of the version 2 struct is C's layout
+    fields = [name for name, _ in capi.MergeStatesArgs._fields_]
+    assert lib.merge_layout(0) == ctypes.sizeof(capi.MergeStatesArgs)
+    for i, name in enumerate(fields, 1):
+        assert lib.merge_layout(i) == getattr(capi.MergeStatesArgs, name).offset, name

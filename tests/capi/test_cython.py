@@ -49,6 +49,16 @@ def call(const fa.real[:, :, :, :] q, const fa.real[:, :, :, :] k,
     return status, (msg.decode() if status else "")
 
 
+def merge(const fa.real[:, :, :, :, :] outputs, const fa.real[:, :, :, :] lses,
+          fa.real[:, :, :, :] out, fa.real[:, :, :] lse, int num_threads):
+    cdef char msg[200]
+    cdef int status
+    with nogil:
+        status = fa.merge_attention_states(outputs, lses, out, lse, num_threads, msg,
+                                           sizeof(msg))
+    return status, (msg.decode() if status else "")
+
+
 def softmax(const fa.real[:, :, :, :] x, fa.real[:, :, :, :] out,
             const unsigned char[:, :, :, :] mask):
     cdef char msg[200]
@@ -121,3 +131,31 @@ def test_masked_softmax(module):
     assert module.softmax(x, out, mask.view(np.uint8)) == (0, "")
     np.testing.assert_array_equal(out, fastattn.masked_softmax(x, mask=mask))
     assert module.softmax(x, out[:, :, :, :4], mask.view(np.uint8))[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merge_attention_states_matches_python_api(module, isa, dtype):
+    rng = np.random.default_rng(2)
+    outputs = rng.standard_normal((3, 2, 4, 6, 16)).astype(dtype)[..., ::2, :]  # strided rows
+    lses = rng.standard_normal((3, 2, 4, 6)).astype(dtype)[..., ::2]
+    lses[1, 0, 0] = -np.inf
+    out = np.full((2, 4, 3, 16), np.nan, dtype)
+    lse = np.full((2, 4, 3), np.nan, dtype)
+    assert module.merge(outputs, lses, out, lse, 2) == (0, "")
+    want, want_lse = fastattn.merge_attention_states(list(outputs), list(lses))
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    out[:] = 5.0
+    assert module.merge(outputs, lses[:2], out, lse, 1) == (
+        1,
+        "fastattn.capi merge_attention_states: outputs and lses stack different numbers of parts",
+    )
+    assert module.merge(outputs[:0], lses[:0], out, lse, 1) == (
+        1,
+        "fastattn C API merge_attention_states: num_parts must be >= 1",
+    )
+    assert module.merge(outputs, lses, out, lse[:, :2], 1) == (
+        1,
+        "fastattn._core.merge_states: lse has the wrong shape",
+    )
+    assert (out == 5.0).all()

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* The table version this header describes. */
-#define FASTATTN_CAPI_VERSION 1
+#define FASTATTN_CAPI_VERSION 2
 #define FASTATTN_CAPI_CAPSULE "fastattn._core._C_API"
 
 /* Status codes. */
@@ -94,11 +94,32 @@ typedef struct fastattn_masked_softmax_args {
   fastattn_tensor x, out, mask, valid_lens;
 } fastattn_masked_softmax_args;
 
+/* merge_attention_states (version 2): attention results of the same queries over disjoint
+ * key sets, each with its log-sum-exp, merged into the attention over all the keys:
+ * per row lse = log(sum_i exp(lse_i)) and out = sum_i exp(lse_i - lse) * out_i, parts
+ * summed in the order given (docs/semantics.md#merging-partial-attention; as in Python).
+ * outputs and lses point to num_parts >= 1 tensors each (these two arrays of tensors need
+ * to live only for the call): outputs[i] (batch, heads, len_q, dim_v), unit-stride last
+ * axis, lses[i] (batch, heads, len_q), any strides >= 0 elsewhere; every part has out's
+ * shape (parts do not broadcast). out (batch, heads, len_q, dim_v), unit-stride last axis,
+ * and lse (batch, heads, len_q), any strides >= 0, are written. All of the dtype. */
+typedef struct fastattn_merge_states_args {
+  size_t struct_size; /* sizeof(fastattn_merge_states_args) */
+  int32_t dtype;
+  int32_t num_threads;
+  int64_t num_parts;
+  const fastattn_tensor* outputs; /* num_parts tensors */
+  const fastattn_tensor* lses;    /* num_parts tensors */
+  fastattn_tensor out, lse;
+} fastattn_merge_states_args;
+
 /* Each function returns a status; unless it is FASTATTN_OK, a NUL-terminated message
  * (truncated to msg_size bytes) is written to msg when msg is not NULL and msg_size > 0. */
 typedef int (*fastattn_sdpa_fn)(const fastattn_sdpa_args* args, char* msg, size_t msg_size);
 typedef int (*fastattn_masked_softmax_fn)(const fastattn_masked_softmax_args* args, char* msg,
                                           size_t msg_size);
+typedef int (*fastattn_merge_states_fn)(const fastattn_merge_states_args* args, char* msg,
+                                        size_t msg_size);
 
 typedef struct fastattn_capi {
   uint32_t version;            /* FASTATTN_CAPI_VERSION of the library */
@@ -106,7 +127,9 @@ typedef struct fastattn_capi {
   const char* library_version; /* fastattn.__version__ */
   fastattn_sdpa_fn sdpa;
   fastattn_masked_softmax_fn masked_softmax;
-  /* version 2 and later: new members are appended here */
+  /* version 2 */
+  fastattn_merge_states_fn merge_attention_states;
+  /* later versions: new members are appended here */
 } fastattn_capi;
 
 #ifdef __cplusplus
