@@ -9,12 +9,13 @@ import pytest
 
 import fastattn
 from fastattn import _core, _sdpa
-from tests.sdpa import test_errors
-from tests.sdpa.test_errors import BAD, _call
+
+from sdpa import test_errors
+from sdpa.test_errors import BAD, _call
 
 # Existing semantic tests, collected here again and run on each path (the `path` fixture
 # below is autouse in this module).
-from tests.sdpa.test_semantics import (  # noqa: F401
+from sdpa.test_semantics import (  # noqa: F401
     test_bit_identical_for_any_thread_count,
     test_broadcast_inputs_equal_materialised,
     test_default_scale_is_inverse_sqrt_e,
