@@ -35,7 +35,7 @@ def get_include() -> str:
 
     Add it to the include path of C, C++ or Cython code that calls fastattn without the
     interpreter (as ``numpy.get_include()``); ``fastattn/capi.pxd`` is in the package for
-    ``cimport``, and :mod:`fastattn.capi` reaches the same functions from ctypes and Numba.
+    ``cimport``, and ``fastattn.capi`` reaches the same functions from ctypes and Numba.
 
     Returns
     -------
