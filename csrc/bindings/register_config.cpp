@@ -3,8 +3,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstdlib>
-
 #include "api/errors.h"
 #include "dispatch/isa.h"
 
@@ -20,20 +18,6 @@ void register_config(py::module_& m) {
       "The ISA the kernels currently run with.");
   m.def("set_isa", &set_isa, py::arg("name"), "Select the kernels' ISA by name.");
   m.def("omp_max_threads", [] { return omp_get_max_threads(); });
-  // The process environment's thread variables, read with getenv: os.environ's writes go
-  // through putenv/unsetenv, so this sees them, and costs far less per call than
-  // os.environ.get of an unset name (which raises and catches KeyError inside).
-  m.def(
-      "thread_environment",
-      [] {
-        auto read = [](const char* name) -> py::object {
-          const char* raw = std::getenv(name);
-          return raw ? py::object(py::str(raw)) : py::object(py::none());
-        };
-        return py::make_tuple(read("FASTATTN_NUM_THREADS"), read("OMP_NUM_THREADS"));
-      },
-      "(FASTATTN_NUM_THREADS, OMP_NUM_THREADS) as the process environment has them (None = "
-      "unset).");
   m.def(
       "exp2",
       [](const py::array& x) -> py::array {

@@ -58,10 +58,14 @@ int parse_threads(const char* raw) {
   return int(n);
 }
 
+// The two variables, in precedence order; fastattn/_threads.py reads them through
+// thread_environment below.
+constexpr const char* kThreadVariables[2] = {"FASTATTN_NUM_THREADS", "OMP_NUM_THREADS"};
+
 int environment_threads() {
   ThreadDefaults& t = g_threads;
-  const char* fa = std::getenv("FASTATTN_NUM_THREADS");
-  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const char* fa = std::getenv(kThreadVariables[0]);
+  const char* omp = std::getenv(kThreadVariables[1]);
   if (!(t.seen && t.set_fa == (fa != nullptr) && t.set_omp == (omp != nullptr) &&
         (!fa || t.fa == fa) && (!omp || t.omp == omp))) {
     t.seen = true;
@@ -302,6 +306,20 @@ void register_sdpa(py::module_& m) {
   g_ndarray = py::object(py::module_::import("numpy").attr("ndarray")).release().ptr();
   m.add_object("sdpa_fast", py::reinterpret_steal<py::object>(
                                 PyCFunction_NewEx(&fast_def, nullptr, m.attr("__name__").ptr())));
+  // The process environment's thread variables, read with getenv: os.environ's writes go
+  // through putenv/unsetenv, so this sees them, and costs far less per call than
+  // os.environ.get of an unset name (which raises and catches KeyError inside).
+  m.def(
+      "thread_environment",
+      [] {
+        auto read = [](const char* name) -> py::object {
+          const char* raw = std::getenv(name);
+          return raw ? py::object(py::str(raw)) : py::object(py::none());
+        };
+        return py::make_tuple(read(kThreadVariables[0]), read(kThreadVariables[1]));
+      },
+      "(FASTATTN_NUM_THREADS, OMP_NUM_THREADS) as the process environment has them (None = "
+      "unset).");
   m.def(
       "set_thread_defaults",
       [](int setting, int cap, int cpus, bool forked) {
