@@ -82,20 +82,25 @@ class Projection:
         # NaN/inf inputs (padding past valid_lens may hold anything) propagate quietly, as
         # in the attention kernel: no RuntimeWarning from NumPy's matmul.
         with np.errstate(invalid="ignore", over="ignore"):
-            y = np.matmul(x, self._weight.T, out=out)
-            if self._bias is not None:
-                y += self._bias
+            return self._apply(x, out)
+
+    def _apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        # __call__ without its errstate, for a caller that holds one already (the layer
+        # enters one for its whole call: a decode step would otherwise pay four).
+        y = np.matmul(x, self._weight.T, out=out)
+        if self._bias is not None:
+            y += self._bias
         return y
 
     def into_heads(self, x: np.ndarray, num_heads: int, out: np.ndarray) -> np.ndarray:
         """``x (B, L, in)`` projected straight into ``out (B, num_heads, L, out // H)``: one
-        matmul per head, no intermediate array (for the head-major KV cache)."""
+        matmul per head, no intermediate array (for the head-major KV cache). Call it under
+        ``np.errstate(invalid="ignore", over="ignore")``, as the layer does."""
         in_f = self._weight.shape[1]
         w = self._weight.reshape(num_heads, -1, in_f).transpose(0, 2, 1)  # (H, in, D) view
-        with np.errstate(invalid="ignore", over="ignore"):
-            y = np.matmul(x[:, None], w, out=out)
-            if self._bias is not None:
-                y += self._bias.reshape(num_heads, 1, -1)
+        y = np.matmul(x[:, None], w, out=out)
+        if self._bias is not None:
+            y += self._bias.reshape(num_heads, 1, -1)
         return y
 
     def __repr__(self) -> str:
@@ -339,6 +344,35 @@ class MultiHeadAttention:
         out : ndarray, shape ``(B, Lq, embed_dim)`` (unbatched ``(Lq, embed_dim)``), or
         ``(out, weights)`` when ``need_weights``.
         """
+        # One errstate for the whole call (NaN/inf inputs propagate quietly through the
+        # projections, as through the kernel) rather than one per projection.
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._forward(
+                query,
+                key,
+                value,
+                attn_mask,
+                valid_lens,
+                is_causal,
+                need_weights,
+                average_attn_weights,
+                kv_cache,
+                num_threads,
+            )
+
+    def _forward(
+        self,
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        need_weights,
+        average_attn_weights,
+        kv_cache,
+        num_threads,
+    ):
         q_in, k_in, v_in, batched = layer_inputs(
             query, key, value, self.embed_dim, self.kdim, self.vdim
         )
@@ -351,10 +385,10 @@ class MultiHeadAttention:
         dt = self.dtype
         q_in, k_in, v_in = (a.astype(dt, copy=False) for a in (q_in, k_in, v_in))
 
-        q = split_heads(self.q_proj(q_in), self.num_heads)
+        q = split_heads(self.q_proj._apply(q_in), self.num_heads)
         if kv_cache is None:
-            k = split_heads(self.k_proj(k_in), self.num_kv_heads)
-            v = split_heads(self.v_proj(v_in), self.num_kv_heads)
+            k = split_heads(self.k_proj._apply(k_in), self.num_kv_heads)
+            v = split_heads(self.v_proj._apply(v_in), self.num_kv_heads)
             alignment = "top_left"
         else:
             start, stop = kv_cache_rows(
@@ -397,7 +431,7 @@ class MultiHeadAttention:
             )
         if kv_cache is not None:
             kv_cache.length = stop  # only once the call has succeeded
-        out = self.out_proj(merged.reshape(b, num_q, self.embed_dim))
+        out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))
         if not batched:
             out = out[0]
         if not want_weights:
