@@ -30,7 +30,9 @@ _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes pe
 class Case:
     """One shape. ``kind`` is ``"sdpa"`` (dims ``B, Hq, Hkv, Lq, Lk, E``), ``"additive"``
     (``B, Lq, Lk, D, hidden``), ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
-    batch entry) or ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention).
+    batch entry), ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention) or
+    ``"mha_decode"`` (``B, E, H, cache``: one KV-cache decode step of the multi-head layer,
+    projections included).
     Cases of one ``series`` differ only in sequence length."""
 
     name: str
@@ -46,6 +48,8 @@ class Case:
         """The key sequence length: the x axis of the time-vs-length plot."""
         if self.kind == "merge_states":
             return self.dims[3]  # (no keys: the query rows)
+        if self.kind == "mha_decode":
+            return self.dims[3]
         return self.dims[4] if self.kind == "sdpa" else self.dims[2]
 
     def matches(self, words: list[str]) -> bool:
@@ -67,6 +71,9 @@ class Case:
             return b * lq * lk * (3.0 * hidden + 2.0 * d)
         if self.kind == "merge_states":
             return 2.0 * float(np.prod(self.dims))
+        if self.kind == "mha_decode":
+            b, e, h, cache = self.dims
+            return 4 * 2.0 * b * e * e + 4.0 * b * cache * e  # projections of one token, QK and PV
         return 5.0 * float(np.prod(self.dims))
 
     @property
@@ -76,7 +83,7 @@ class Case:
         softmax: a few flops per element), None where the flop count is nominal (additive)."""
         if self.kind == "sdpa":
             return "memory" if self.dims[3] == 1 else "compute"
-        return "memory" if self.kind in ("masked_softmax", "merge_states") else None
+        return "memory" if self.kind in ("masked_softmax", "merge_states", "mha_decode") else None
 
     def bytes(self, dtype: str) -> float:
         """Bytes one call must move at least: every input read and the output written once
@@ -91,6 +98,9 @@ class Case:
         if self.kind == "merge_states":
             parts, b, h, lq, ev = self.dims
             return float(size * (parts + 1) * b * h * lq * (ev + 1))
+        if self.kind == "mha_decode":
+            b, e, h, cache = self.dims
+            return float(size * (4 * e * e + 2 * b * cache * e))  # the weights and the cache
         b, lq, lk, d, hidden = self.dims
         return float(size * b * (lq + 2 * lk) * d)
 
@@ -253,6 +263,13 @@ def grid(preset: str) -> list[Case]:
             for lk in (16, 128, 512, 2048)
         ],
         sdpa_case("small call", 1, 1, 1, 1, 16, 64, tags=("small-call",), dtypes=f32),
+        Case(
+            "MultiHeadAttention decode step B1 E512 H8 cache2048",
+            "mha_decode",
+            (1, 512, 8, 2048),
+            tags=("decode", "small-call", "layer"),
+            dtypes=f32,
+        ),
         Case(
             "additive 2x 256x512 D64 H128",
             "additive",
@@ -419,6 +436,8 @@ def build(
         _build_masked_softmax(work, rng, dt)
     elif case.kind == "merge_states":
         _build_merge_states(work, rng, dt)
+    elif case.kind == "mha_decode":
+        _build_mha_decode(work, rng, dt, libs, impls)
     else:
         raise ValueError(f"unknown case kind {case.kind!r}")
     work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}
@@ -531,5 +550,80 @@ def _build_merge_states(work: Workload, rng, dt) -> None:
             [x[head].astype(np.float64) for x in lses],
         )
         return expected, lambda out: out[head]
+
+    work.reference = reference
+
+
+def _build_mha_decode(work: Workload, rng, dt, libs: Libraries, impls) -> None:
+    """One decode step: the new token's q/k/v projected, k/v appended to a preallocated
+    cache holding ``cache - 1`` positions, attention over all ``cache``, the output
+    projection. The cache is rewound after each call, so every step sees the same length.
+    torch's step is the same loop written with its ops (``F.linear`` into a preallocated
+    head-major cache, ``F.scaled_dot_product_attention``): ``nn.MultiheadAttention`` has no
+    KV cache and would project every cached position again."""
+    b, e, h, cache = work.case.dims
+    d = e // h
+    layer = fastattn.MultiHeadAttention(e, h, dtype=dt, seed=0)
+    for proj in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):
+        proj.bias = 0.1 * rng.standard_normal(proj.bias.shape)
+    (tokens,) = _rng_arrays(rng, dt, (b, cache, e))
+    prompt, step = tokens[:, :-1], tokens[:, -1:]
+    kv = layer.new_kv_cache(b, cache)
+    layer(prompt, kv_cache=kv, is_causal=True)
+
+    def run_fastattn():
+        out = layer(step, kv_cache=kv, is_causal=True)
+        kv.length -= 1
+        return out
+
+    work.candidates["fastattn"] = run_fastattn
+    w = {n: getattr(layer, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
+
+    def heads(x):
+        return x.reshape(b, -1, h, d).swapaxes(1, 2)
+
+    k_np = heads(prompt @ w["k_proj"].weight.T + w["k_proj"].bias)
+    v_np = heads(prompt @ w["v_proj"].weight.T + w["v_proj"].bias)
+    k_cache = np.concatenate([k_np, np.zeros((b, h, 1, d), dt)], axis=2)
+    v_cache = np.concatenate([v_np, np.zeros((b, h, 1, d), dt)], axis=2)
+
+    def run_numpy():
+        q = step @ w["q_proj"].weight.T + w["q_proj"].bias
+        k_cache[:, :, -1:] = heads(step @ w["k_proj"].weight.T + w["k_proj"].bias)
+        v_cache[:, :, -1:] = heads(step @ w["v_proj"].weight.T + w["v_proj"].bias)
+        o = numpy_sdpa(heads(q), k_cache, v_cache, False)
+        return o.swapaxes(1, 2).reshape(b, 1, e) @ w["out_proj"].weight.T + w["out_proj"].bias
+
+    work.candidates["numpy"] = run_numpy
+    if "torch" in impls and libs.torch is not None:
+        torch = libs.torch
+        f = torch.nn.functional
+        tw = {n: (torch.from_numpy(p.weight), torch.from_numpy(p.bias)) for n, p in w.items()}
+        tstep = torch.from_numpy(np.ascontiguousarray(step))
+        tk, tv = torch.from_numpy(k_cache.copy()), torch.from_numpy(v_cache.copy())
+
+        def run_torch():
+            with torch.no_grad():
+                q = f.linear(tstep, *tw["q_proj"]).view(b, 1, h, d).transpose(1, 2)
+                tk[:, :, -1:] = f.linear(tstep, *tw["k_proj"]).view(b, 1, h, d).transpose(1, 2)
+                tv[:, :, -1:] = f.linear(tstep, *tw["v_proj"]).view(b, 1, h, d).transpose(1, 2)
+                o = f.scaled_dot_product_attention(q, tk, tv)
+                return f.linear(o.transpose(1, 2).reshape(b, 1, e), *tw["out_proj"])
+
+        work.candidates["torch"] = run_torch
+        work.to_numpy["torch"] = lambda t: t.numpy()
+
+    def reference():
+        expected = fastattn.reference.multi_head_attention(
+            step.astype(np.float64),
+            tokens.astype(np.float64),
+            num_heads=h,
+            **{
+                f"{n}_{kind}": getattr(w[f"{n}_proj"], kind).astype(np.float64)
+                for n in ("q", "k", "v", "out")
+                for kind in ("weight", "bias")
+            },
+        )
+        return expected, lambda out: out
 
     work.reference = reference
