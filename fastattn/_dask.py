@@ -25,6 +25,7 @@ word; the values of a Dask ``valid_lens`` are checked in its tasks.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -124,11 +125,28 @@ def _as_dask(a, dtype=None):
     return da.from_array(np.asarray(a, dtype=dtype))
 
 
+def _portable(fn):
+    """Build the graph with Dask's task-based rechunking (reshape's included), so it runs
+    on any scheduler: with a distributed client active Dask would otherwise pick its P2P
+    method, which runs only there."""
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+        with dask.config.set({"array.rechunk.method": "tasks"}):
+            return fn(*args, **kwargs)
+
+    return build
+
+
+def _rechunk(a, chunks):
+    return a.rechunk(chunks, method="tasks")  # not P2P: see _portable
+
+
 def _aligned(a, target_chunks: tuple):
     """``a`` (rank of ``target_chunks``) rechunked to ``target_chunks``, except its size-1
     (broadcast) axes, which stay one chunk."""
     chunks = tuple((1,) if n == 1 else c for n, c in zip(a.shape, target_chunks))
-    return a.rechunk(chunks)
+    return _rechunk(a, chunks)
 
 
 def _block_key(a, index: tuple) -> tuple:
@@ -277,6 +295,7 @@ def _block_is_empty(q_rng, k_rng, diag0: int, causal: bool, window: tuple, max_l
     return max_len is not None and max_len <= ks
 
 
+@_portable
 def scaled_dot_product_attention(
     query,
     key,
@@ -352,14 +371,14 @@ def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part
     batch_chunks = tuple(q.chunks[:nb])
     q_heads = _group_chunks(q.chunks[nb], group)
     q_rows = q.chunks[nb + 1]
-    q = q.rechunk(batch_chunks + (q_heads, q_rows, (q.shape[-1],)))
+    q = _rechunk(q, batch_chunks + (q_heads, q_rows, (q.shape[-1],)))
     head_ranges = _bounds(q_heads)
     kv_starts = sorted({start // group for start, _ in head_ranges} | {hkv})
     kv_heads = tuple(b - a for a, b in itertools.pairwise(kv_starts)) or (hkv,)
     kv_index = [kv_starts.index(start // group) if hkv else 0 for start, _ in head_ranges]
     key_rows = k.chunks[nb + 1] if split else (lk,)
-    k = k.rechunk(batch_chunks + (kv_heads, key_rows, (k.shape[-1],)))
-    v = v.rechunk(batch_chunks + (kv_heads, key_rows, (ev,)))
+    k = _rechunk(k, batch_chunks + (kv_heads, key_rows, (k.shape[-1],)))
+    v = _rechunk(v, batch_chunks + (kv_heads, key_rows, (ev,)))
 
     grid = batch_chunks + (q_heads, q_rows)  # the rows' chunks
     deps = [q, k, v]
@@ -477,6 +496,7 @@ def _merge_block(outputs: list, lses: list, num_threads: int | None):
     return _sdpa.merge_attention_states(outputs, lses, num_threads=task_threads(num_threads))
 
 
+@_portable
 def merge_attention_states(outputs, lses, *, out=None, num_threads=None):
     outputs, lses = list(outputs), list(lses)
     named = {f"outputs[{i}]": o for i, o in enumerate(outputs)}
@@ -488,8 +508,8 @@ def merge_attention_states(outputs, lses, *, out=None, num_threads=None):
         _threads.resolve(num_threads)
     first = outputs[0]
     chunks = tuple(first.chunks[:-1]) + ((first.shape[-1],),)
-    outputs = [o.rechunk(chunks) for o in outputs]
-    lses = [x.rechunk(chunks[:-1]) for x in lses]
+    outputs = [_rechunk(o, chunks) for o in outputs]
+    lses = [_rechunk(x, chunks[:-1]) for x in lses]
     token = tokenize(outputs, lses, num_threads)
     name, lse_name = f"fastattn-merge-{token}", f"fastattn-merge-lse-{token}"
     parts_name = f"{name}-parts"
@@ -543,6 +563,7 @@ def _softmax_block(x, lens, mask, axis: int, num_threads: int | None):
     )
 
 
+@_portable
 def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_threads=None):
     _require_dask({"x": x})
     _no_out(out)
@@ -555,7 +576,7 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
     chunks = list(x.chunks)
     chunks[ax] = (x.shape[ax],)
     chunks = tuple(chunks)
-    x = x.rechunk(chunks)
+    x = _rechunk(x, chunks)
     deps = [x]
     keep = lens = None
     if mask is not None:
@@ -640,6 +661,7 @@ def _family_graph(
     )[0]
 
 
+@_portable
 def additive_attention(
     query,
     key,
@@ -692,6 +714,7 @@ def additive_attention(
     )
 
 
+@_portable
 def attention(
     query,
     key,
@@ -750,6 +773,7 @@ def _regression_block(xq, xk, y, kwargs: dict, num_threads):
     return _family.nadaraya_watson(xq, xk, y, num_threads=task_threads(num_threads), **kwargs)
 
 
+@_portable
 def nadaraya_watson(
     x_query,
     x_keys,
@@ -796,9 +820,9 @@ def nadaraya_watson(
         full.append(a if tuple(a.shape) == target else da.broadcast_to(a, target))
     xq, xk, y = full
     bchunks = tuple(xq.chunks[:nb])
-    xq = xq.rechunk(bchunks + (xq.chunks[nb], (xq.shape[-1],)))
-    xk = xk.rechunk(bchunks + ((xk.shape[-2],), (xk.shape[-1],)))
-    y = y.rechunk(bchunks + ((y.shape[-2],), (y.shape[-1],)))
+    xq = _rechunk(xq, bchunks + (xq.chunks[nb], (xq.shape[-1],)))
+    xk = _rechunk(xk, bchunks + ((xk.shape[-2],), (xk.shape[-1],)))
+    y = _rechunk(y, bchunks + ((y.shape[-2],), (y.shape[-1],)))
     kwargs = {"kernel": kernel, "bandwidth": bandwidth}
     token = tokenize(xq, xk, y, kwargs, num_threads)
     name = f"fastattn-nadaraya-watson-{token}"
@@ -821,3 +845,77 @@ def nadaraya_watson(
     if scalar_y:
         result = result[..., 0]
     return _caller_shape(result, ra.out_shape)
+
+
+# --------------------------------------------------------------------------------------
+# MultiHeadAttention's forward pass
+
+
+def _project(x, projection, dtype):
+    """A layer's projection of one block of rows (row-wise: any row chunking)."""
+    return projection(x.astype(dtype, copy=False))
+
+
+def _projected(x, projection, features: int, dtype):
+    x = _rechunk(x, x.chunks[:-1] + ((x.shape[-1],),))
+    return x.map_blocks(
+        _project,
+        projection,
+        dtype,
+        chunks=x.chunks[:-1] + ((features,),),
+        meta=np.empty((0, 0, 0), dtype),
+    )
+
+
+def _heads(x, num_heads: int):
+    """``(B, L, H * D)`` -> ``(B, H, L, D)``."""
+    b, length, features = x.shape
+    return x.reshape(b, length, num_heads, features // num_heads).transpose(0, 2, 1, 3)
+
+
+@_portable
+def multihead_attention(
+    layer,
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    is_causal,
+    need_weights,
+    kv_cache,
+    num_threads,
+):
+    """``layer(query, key, value, ...)`` on Dask arrays: the projections row-block by
+    row-block, the attention by :func:`scaled_dot_product_attention`'s graph (keys may be
+    chunked). No KV cache, no weights."""
+    from fastattn._validation import check_unbatched_mask, head_valid_lens, layer_inputs
+
+    key = query if key is None else key
+    value = key if value is None else value
+    _require_dask({"query": query, "key": key, "value": value})
+    if kv_cache is not None:
+        raise NotImplementedError("kv_cache is not supported for Dask arrays")
+    _no_weights(need_weights)
+    q_in, _, _, batched = layer_inputs(
+        standin(query), standin(key), standin(value), layer.embed_dim, layer.kdim, layer.vdim
+    )
+    check_unbatched_mask(attn_mask, batched)
+    causal = check_flag(is_causal, "is_causal")
+    if is_dask(valid_lens):
+        raise TypeError("valid_lens must be a NumPy array for a layer on Dask arrays")
+    vl = head_valid_lens(valid_lens, q_in.shape[0], q_in.shape[1], batched)
+    if not batched:
+        query, key, value = query[None], key[None], value[None]
+    dt = layer.dtype
+    hd = layer.head_dim
+    q = _heads(_projected(query, layer.q_proj, layer.num_heads * hd, dt), layer.num_heads)
+    k = _heads(_projected(key, layer.k_proj, layer.num_kv_heads * hd, dt), layer.num_kv_heads)
+    v = _heads(_projected(value, layer.v_proj, layer.num_kv_heads * hd, dt), layer.num_kv_heads)
+    attended = scaled_dot_product_attention(
+        q, k, v, attn_mask, valid_lens=vl, is_causal=causal, num_threads=num_threads
+    )
+    b, _, lq, _ = attended.shape
+    merged = _rechunk(attended, {1: -1, 3: -1}).transpose(0, 2, 1, 3).reshape(b, lq, -1)
+    out = _projected(merged, layer.out_proj, layer.embed_dim, dt)
+    return out if batched else out[0]

@@ -125,3 +125,23 @@ def test_mixed_kinds_are_type_errors():
         fastattn.additive_attention(x, x, x, x[0, :, :2], np.ones((4, 2)), np.ones(2))
     with pytest.raises(TypeError, match="out= is not supported"):
         fastattn.masked_softmax(x, out=np.empty((2, 3, 4)))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_multihead_attention_forward(batched, client):
+    """The layer's forward pass on Dask arrays (keys chunked, GQA, causal, valid_lens) on
+    worker processes: the NumPy forward pass (projections row-block by row-block: BLAS may
+    round a block differently, hence 64 eps of float32 on O(1) values)."""
+    rng = np.random.default_rng(4)
+    layer = fastattn.MultiHeadAttention(16, 4, num_kv_heads=2, seed=3)
+    x = rng.standard_normal((3, 40, 16)).astype(np.float32)
+    lens = np.array([40, 17, 3])
+    if not batched:
+        x, lens = x[0], None
+    dx = da.from_array(x, chunks=(1, 15, 16) if batched else (15, 16))
+    got = layer(dx, is_causal=True, valid_lens=lens)
+    assert isinstance(got, da.Array)
+    want = layer(x, is_causal=True, valid_lens=lens)
+    got = client.compute(got).result()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    _close(got, want, np.float32, factor=64)
