@@ -205,6 +205,20 @@ def _part_mask(q, k, diag: int, causal: bool, window: tuple):
     return keep
 
 
+def _constrained(q, k, mask, diag: int, causal: bool, window: tuple):
+    """``mask`` with the block's causal/window constraint folded in (bool: AND; float:
+    ``-inf`` where the constraint masks), or ``mask`` itself when there is none."""
+    if not causal and window == (-1, -1):
+        return mask
+    keep = _part_mask(q, k, diag, causal, window)
+    if mask is None:
+        return keep
+    if mask.dtype == bool:
+        return mask & keep
+    xp = sys.modules[type(mask).__module__.split(".")[0]]
+    return xp.where(keep, mask, mask.dtype.type(-np.inf))
+
+
 def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     """``(out, lse)`` of one (query chunk, key chunk) block in the compute dtype."""
     from fastattn import _sdpa
@@ -226,11 +240,7 @@ def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
         args.is_causal = opts["is_causal"]
         return _sdpa.compute(args, None, True, False, threads)
     # Other chunk types (CuPy): the offset constraint as a mask, through the public call.
-    if opts["is_causal"] or window != (-1, -1):
-        keep = _part_mask(q, k, diag, opts["is_causal"], window)
-        mask = keep if mask is None else (mask & keep if mask.dtype == bool else mask + keep)
-        if mask.dtype != bool:
-            raise NotImplementedError("float masks with causal/window on non-NumPy chunks")
+    mask = _constrained(q, k, mask, diag, opts["is_causal"], window)
     return _sdpa.scaled_dot_product_attention(
         q,
         k,
@@ -614,14 +624,7 @@ def _family_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     """One (batch, head, query) block of a family function over all the keys; causal and
     window as a boolean mask at the block's offset (their one-parameter form in the
     public call cannot express it)."""
-    if opts["is_causal"] or opts["window"] != (-1, -1):
-        keep = _part_mask(q, k, diag, opts["is_causal"], opts["window"])
-        if mask is None:
-            mask = keep
-        elif mask.dtype == bool:
-            mask = mask & keep
-        else:  # a float mask: -inf where the constraint masks
-            mask = np.where(keep, mask, -np.inf).astype(mask.dtype)
+    mask = _constrained(q, k, mask, diag, opts["is_causal"], opts["window"])
     return opts["fn"](
         q,
         k,

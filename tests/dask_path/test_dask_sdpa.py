@@ -226,3 +226,21 @@ def test_worker_killed_mid_computation(client, tmp_path):
     )
     _close(got, want, np.float64)
     _close(got_lse, want_lse, np.float64)
+
+
+def test_task_threads_do_not_oversubscribe(client):
+    """Inside a task: num_threads= when given; else fastattn's default over the tasks that
+    run beside it (a single-threaded worker process, started with OMP_NUM_THREADS=1 by its
+    nanny: 1; the threaded scheduler: its pool; the synchronous scheduler: all)."""
+    import os
+
+    from fastattn._dask import task_threads
+
+    assert client.submit(task_threads, None, pure=False).result() == 1
+    assert client.submit(task_threads, 3, pure=False).result() == 3
+    default = fastattn.get_num_threads()
+    in_pool = dask.delayed(task_threads)(None).compute(scheduler="threads")
+    assert in_pool == max(1, default // (os.cpu_count() or 1))
+    assert dask.delayed(task_threads)(None).compute(scheduler="sync") == default
+    with pytest.raises(ValueError, match="num_threads"):
+        fastattn.scaled_dot_product_attention(*(da.ones((2, 3, 4)),) * 3, num_threads=0)
