@@ -145,3 +145,24 @@ def test_multihead_attention_forward(batched, client):
     got = client.compute(got).result()
     assert got.shape == want.shape and got.dtype == want.dtype
     _close(got, want, np.float32, factor=64)
+
+
+def test_one_dispatch_point(monkeypatch):
+    """_dispatch.backend: NumPy -> None, Dask -> "dask" (list arguments included), CuPy ->
+    "cupy"; a CuPy array beside a Dask array is a TypeError from every public function."""
+    import sys
+
+    from fastattn import _dispatch
+
+    from cuda_path.test_dispatch import FakeDeviceArray, _stub_cupy
+
+    x = da.ones((2, 3, 4), chunks=2)
+    assert _dispatch.backend(np.ones(3), None) is None
+    assert _dispatch.backend(np.ones(3), [np.ones(3), x]) == "dask"
+    monkeypatch.setitem(sys.modules, "cupy", _stub_cupy())
+    gpu = FakeDeviceArray(np.ones((2, 3, 4)))
+    assert _dispatch.backend(gpu, None) == "cupy"
+    with pytest.raises(TypeError, match="a CuPy array was passed beside a Dask array"):
+        fastattn.scaled_dot_product_attention(x, x, gpu)
+    with pytest.raises(TypeError, match="a CuPy array was passed beside a Dask array"):
+        fastattn.masked_softmax(x, mask=gpu)
