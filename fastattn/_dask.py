@@ -238,7 +238,7 @@ def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
         args.diag_offset = diag  # the block's absolute offset
         args.window = window
         args.is_causal = opts["is_causal"]
-        return _sdpa.compute(args, None, True, False, threads)
+        return _sdpa.compute(args, None, True, opts["weights_out"], threads)
     # Other chunk types (CuPy): the offset constraint as a mask, through the public call.
     mask = _constrained(q, k, mask, diag, opts["is_causal"], window)
     return _sdpa.scaled_dot_product_attention(
@@ -250,8 +250,22 @@ def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
         scale=opts["scale"],
         softcap=opts["softcap"],
         return_lse=True,
+        return_weights=opts["weights_out"],
         num_threads=threads,
     )
+
+
+def _block_weights(part, root, dtype):
+    """A block's weights over the union of the keys: its own weights scaled by
+    ``exp(lse_block - lse)`` (0 where the block saw no key of the row)."""
+    lse_part, weights, lse = part[1], part[2], root[1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        factor = np.where(np.isneginf(lse_part), 0.0, np.exp(lse_part - lse))
+    return (weights * factor[..., None].astype(weights.dtype)).astype(dtype, copy=False)
+
+
+def _zeros(shape: tuple, dtype):
+    return np.zeros(shape, dtype)
 
 
 def _merge_parts(parts: list, num_threads: int | None):
@@ -338,10 +352,11 @@ def scaled_dot_product_attention(
         softcap,
     )
     want_lse = check_flag(return_lse, "return_lse")
-    _no_weights(return_weights)
+    want_weights = check_flag(return_weights, "return_weights")
     if num_threads is not None:
         _threads.resolve(num_threads)  # checked now, used in the tasks
     opts = {
+        "weights_out": want_weights,
         "num_threads": num_threads,
         "num_keys": args.key.shape[-2],
         "compute_dtype": args.compute_dtype,
@@ -350,25 +365,27 @@ def scaled_dot_product_attention(
         "scale": args.scale,
         "softcap": args.softcap,
     }
-    result, lse = _attention_graph(
+    result, lse, weights = _attention_graph(
         "sdpa", query, key, value, attn_mask, valid_lens, args, _sdpa_part, opts, True
     )
-    return (result, lse) if want_lse else result
+    extra = ((lse,) if want_lse else ()) + ((weights,) if want_weights else ())
+    return (result, *extra) if extra else result
 
 
-def _no_weights(return_weights: object) -> None:
-    if check_flag(return_weights, "return_weights"):
+def _no_weights(return_weights: object, name: str = "return_weights") -> None:
+    if check_flag(return_weights, name):
         raise NotImplementedError(
-            "return_weights=True is not supported for Dask arrays (the weights are "
-            "Lq x Lk per head: compute them on a slice with NumPy arrays)"
+            f"{name}=True is not supported here for Dask arrays: compute the weights on a "
+            "slice with NumPy arrays"
         )
 
 
 def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part, opts, split):
     """The graph of an attention call checked as ``args``: one ``part`` task per (batch,
     head, query, key) chunk; ``split``: keys chunked as given and merged (parts return
-    ``(out, lse)``; returns ``(out, lse)``), else keys one chunk (parts return the output;
-    returns ``(out, None)``)."""
+    ``(out, lse)``), else keys one chunk (parts return the output). With
+    ``opts["weights_out"]`` parts also return their weights (last). Returns
+    ``(out, lse or None, weights or None)``."""
     batch, nb = args.batch, len(args.batch)
     rank = nb + 3
     hq, lq, e = args.query.shape[-3:]
@@ -416,7 +433,9 @@ def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part
     token = tokenize(label, q, k, v, mask, lens, opts, args.diag_offset, split)
     name = f"fastattn-{label}-{token}"
     parts_name, lse_name = f"{name}-parts", f"fastattn-{label}-lse-{token}"
-    parts, outs, lses = {}, {}, {}
+    weights_name = f"fastattn-{label}-weights-{token}"
+    want_weights = opts["weights_out"]
+    parts, outs, lses, weights = {}, {}, {}, {}
     row_ranges = _bounds(q_rows)
     key_ranges = _bounds(key_rows)
     batch_ranges = [_bounds(c) for c in batch_chunks]
@@ -455,8 +474,13 @@ def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part
                     )
                     level.append(node)
                 if not split:
-                    outs[(name, *index, 0)] = (_astype, level[0], result_dtype)
+                    if want_weights:
+                        outs[(name, *index, 0)] = (_take, level[0], 0, result_dtype)
+                        weights[(weights_name, *index, 0)] = (_take, level[0], 1, result_dtype)
+                    else:
+                        outs[(name, *index, 0)] = (_astype, level[0], result_dtype)
                     continue
+                computed = list(level)
                 if not level:  # every key masked for these rows
                     sizes = [batch_chunks[a][i] for a, i in enumerate(bi)] + [he - hs]
                     level = [(parts_name, *index, "empty")]
@@ -475,20 +499,25 @@ def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part
                     level, depth = nxt, depth + 1
                 outs[(name, *index, 0)] = (_take, level[0], 0, result_dtype)
                 lses[(lse_name, *index)] = (_take, level[0], 1, compute_dtype)
+                for ki, (ks, ke) in enumerate(key_ranges if want_weights else ()):
+                    node = (parts_name, *index, ki)
+                    if node in computed:
+                        task = (_block_weights, node, level[0], result_dtype)
+                    else:  # a block left out of the graph: every weight is 0
+                        sizes = [batch_chunks[a][i] for a, i in enumerate(bi)] + [he - hs]
+                        task = (_zeros, (*sizes, qe - qs, ke - ks), result_dtype)
+                    weights[(weights_name, *index, ki)] = task
 
-    if not split:
-        result = _arrays(parts_name, parts, deps, [(name, outs, grid + ((ev,),), result_dtype)])[0]
-        return _caller_shape(result, args.out_shape), None
-    result, lse = _arrays(
-        parts_name,
-        parts,
-        deps,
-        [
-            (name, outs, grid + ((ev,),), result_dtype),
-            (lse_name, lses, grid, compute_dtype),
-        ],
-    )
-    return _caller_shape(result, args.out_shape), _caller_shape(lse, args.out_shape[:-1])
+    results = [(name, outs, grid + ((ev,),), result_dtype)]
+    if split:
+        results.append((lse_name, lses, grid, compute_dtype))
+    if want_weights:
+        results.append((weights_name, weights, grid + (key_rows,), result_dtype))
+    arrays = list(_arrays(parts_name, parts, deps, results))
+    result = _caller_shape(arrays.pop(0), args.out_shape)
+    lse = _caller_shape(arrays.pop(0), args.out_shape[:-1]) if split else None
+    w = _caller_shape(arrays.pop(0), args.scores_shape) if want_weights else None
+    return result, lse, w
 
 
 def _caller_shape(a, shape: tuple):
@@ -629,9 +658,10 @@ def _family_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
         q,
         k,
         v,
-        *opts["weights"],
+        *opts["params"],
         mask,
         valid_lens=lens,
+        return_weights=opts["weights_out"],
         num_threads=task_threads(opts["num_threads"]),
         **opts["kwargs"],
     )
@@ -647,11 +677,25 @@ def _host_params(named: dict) -> None:
 
 
 def _family_graph(
-    label, fn, query, key, value, attn_mask, valid_lens, args, weights, kwargs, num_threads
+    label,
+    fn,
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    args,
+    params,
+    kwargs,
+    return_weights,
+    num_threads,
 ):
+    """``out``, or ``(out, weights)`` when ``return_weights``."""
+    want_weights = check_flag(return_weights, "return_weights")
     opts = {
         "fn": fn,
-        "weights": weights,
+        "params": params,
+        "weights_out": want_weights,
         "kwargs": kwargs,
         "num_threads": num_threads,
         "is_causal": args.is_causal,
@@ -659,9 +703,10 @@ def _family_graph(
     }
     if num_threads is not None:
         _threads.resolve(num_threads)
-    return _attention_graph(
+    out, _, weights = _attention_graph(
         label, query, key, value, attn_mask, valid_lens, args, _family_part, opts, False
-    )[0]
+    )
+    return (out, weights) if want_weights else out
 
 
 @_portable
@@ -688,7 +733,6 @@ def additive_attention(
     _require_dask({"query": query, "key": key, "value": value})
     _host_params({"w_q": w_q, "w_k": w_k, "w_v": w_v})
     _no_out(out)
-    _no_weights(return_weights)
     args, _ = additive_args(
         standin(query),
         standin(key),
@@ -713,6 +757,7 @@ def additive_attention(
         args,
         (w_q, w_k, w_v),
         {},
+        return_weights,
         num_threads,
     )
 
@@ -739,7 +784,6 @@ def attention(
     _require_dask({"query": query, "key": key, "value": value})
     _host_params({n: kwargs[n] for n in ("weight", "w_q", "w_k", "w_v")})
     _no_out(out)
-    _no_weights(return_weights)
     spec = attention_spec(
         standin(query),
         standin(key),
@@ -762,6 +806,7 @@ def attention(
         spec.args,
         (),
         kwargs,
+        return_weights,
         num_threads,
     )
 
@@ -899,7 +944,7 @@ def multihead_attention(
     _require_dask({"query": query, "key": key, "value": value})
     if kv_cache is not None:
         raise NotImplementedError("kv_cache is not supported for Dask arrays")
-    _no_weights(need_weights)
+    _no_weights(need_weights, "need_weights")
     q_in, _, _, batched = layer_inputs(
         standin(query), standin(key), standin(value), layer.embed_dim, layer.kdim, layer.vdim
     )

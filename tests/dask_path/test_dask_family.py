@@ -79,9 +79,10 @@ def test_attention_and_additive(data):
     dq = da.from_array(q, chunks=(1, _chunking(data.draw, lq), e))
     dk, dv = da.from_array(k, chunks=(1, 5, e)), da.from_array(v, chunks=(2, lk, 3))
     score = data.draw(st.sampled_from(["dot", "cosine", "scaled_dot"]))
-    got = fastattn.attention(dq, dk, dv, score=score, **kw)
-    want = fastattn.attention(q, k, v, score=score, **kw)
+    got, got_w = fastattn.attention(dq, dk, dv, score=score, return_weights=True, **kw)
+    want, want_w = fastattn.attention(q, k, v, score=score, return_weights=True, **kw)
     _close(got.compute(), want, dtype)
+    _close(got_w.compute(), want_w, dtype)
     ref = reference.attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), score=score, **kw
     )

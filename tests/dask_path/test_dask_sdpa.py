@@ -77,11 +77,12 @@ def sdpa_cases(draw):
         "k": (_chunking(draw, b), _chunking(draw, hkv), _chunking(draw, lk), (e,)),
         "v": (b, hkv, _chunking(draw, lk), draw(st.sampled_from([ev, 2]))),
     }
-    return q, k, v, kw, chunks, lens_kind == "dask", mask_kind
+    weights = draw(st.booleans())
+    return q, k, v, kw, chunks, lens_kind == "dask", weights
 
 
 def _run(case, scheduler):
-    q, k, v, kw, chunks, lens_dask, _ = case
+    q, k, v, kw, chunks, lens_dask, weights = case
     dq = da.from_array(q, chunks=chunks["q"])
     dk = da.from_array(k, chunks=chunks["k"])
     dv = da.from_array(v, chunks=chunks["v"])
@@ -90,10 +91,17 @@ def _run(case, scheduler):
         dkw["valid_lens"] = da.from_array(kw["valid_lens"], chunks=(1, 1, 5))
     if "attn_mask" in kw and kw["attn_mask"].ndim == 4:
         dkw["attn_mask"] = da.from_array(kw["attn_mask"], chunks=(1, 1, 7, 9))
-    out, lse = fastattn.scaled_dot_product_attention(dq, dk, dv, return_lse=True, **dkw)
-    assert isinstance(out, da.Array) and isinstance(lse, da.Array)
-    got, got_lse = dask.compute(out, lse, scheduler=scheduler)
-    want, want_lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    lazy = fastattn.scaled_dot_product_attention(
+        dq, dk, dv, return_lse=True, return_weights=weights, **dkw
+    )
+    assert all(isinstance(x, da.Array) for x in lazy)
+    got, got_lse, *got_w = dask.compute(*lazy, scheduler=scheduler)
+    want, want_lse, *want_w = fastattn.scaled_dot_product_attention(
+        q, k, v, return_lse=True, return_weights=weights, **kw
+    )
+    if weights:  # each block's weights rescaled by exp(lse_block - lse): a few ulps
+        assert got_w[0].shape == want_w[0].shape and got_w[0].dtype == want_w[0].dtype
+        _close(got_w[0], want_w[0], q.dtype)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert got_lse.shape == want_lse.shape and got_lse.dtype == want_lse.dtype
     _close(got, want, q.dtype)
