@@ -90,10 +90,12 @@ def overhead(rounds: int, length: int) -> None:
 
 
 def scaling(rounds: int, batch: int, length: int) -> None:
-    rng = np.random.default_rng(1)
     shape = (batch, 8, length, 64)
-    x = rng.standard_normal(shape, dtype=np.float32)
     chunks = (1, 8, length, 64)
+    # Made chunk by chunk on the workers (da.from_array would put every chunk on the
+    # worker holding the whole array), so the scheduler spreads them.
+    lazy_x = da.random.default_rng(1).standard_normal(shape, chunks=chunks, dtype=np.float32)
+    x = lazy_x.compute(scheduler="sync")
     want = fastattn.scaled_dot_product_attention(x, x, x, is_causal=True)
     clusters = [
         LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
@@ -105,7 +107,7 @@ def scaling(rounds: int, batch: int, length: int) -> None:
         for client in clients:
             # Self-attention on inputs already on the workers: a task reads one chunk it
             # holds, so only the compute and the scheduling are timed (no transfers).
-            d = on_workers(client, da.from_array(x, chunks=chunks))
+            d = on_workers(client, lazy_x)
             lazies.append(fastattn.scaled_dot_product_attention(d, d, d, is_causal=True))
         for client, lazy in zip(clients, lazies):  # each answer checked once
             np.testing.assert_allclose(client.compute(lazy).result(), want, atol=1e-5)
