@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fastattn import _core, _cuda, _threads
+from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
 from fastattn._prepare import (
     attention_buffers,
@@ -95,7 +95,14 @@ def masked_softmax(
     >>> fastattn.masked_softmax(x, mask=np.array([True, False, True, False]))[0, 0]
     array([0.5, 0. , 0.5, 0. ], dtype=float32)
     """
-    if _cuda.uses_gpu(x, valid_lens, mask, out):  # CuPy arrays: computed on the GPU
+    kind = _dispatch.backend(x, valid_lens, mask, out)
+    if kind == "dask":  # a lazy graph whose blocks come back here
+        from fastattn import _dask
+
+        return _dask.masked_softmax(
+            x, valid_lens, mask=mask, axis=axis, out=out, num_threads=num_threads
+        )
+    if kind == "cupy":  # CuPy arrays: computed on the GPU
         return _cuda.masked_softmax(
             x, valid_lens, mask=mask, axis=axis, out=out, num_threads=num_threads
         )
@@ -239,7 +246,27 @@ def additive_attention(
     >>> out.shape, w.shape, bool(np.allclose(w.sum(-1), 1)), bool((w[0, :, 3:] == 0).all())
     ((2, 5, 4), (2, 5, 7), True, True)
     """
-    if _cuda.uses_gpu(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, out):
+    kind = _dispatch.backend(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, out)
+    if kind == "dask":  # a lazy graph whose blocks come back here
+        from fastattn import _dask
+
+        return _dask.additive_attention(
+            query,
+            key,
+            value,
+            w_q,
+            w_k,
+            w_v,
+            attn_mask,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
+    if kind == "cupy":
         return _cuda.additive_attention(  # CuPy arrays: computed on the GPU
             query,
             key,
@@ -405,6 +432,32 @@ def attention(
     array([[0.731, 0.269, 0.   ],
            [0.   , 0.5  , 0.5  ]])
     """
+    if _dispatch.backend(query, key, value, attn_mask, valid_lens, out) == "dask":
+        from fastattn import _dask  # a lazy graph whose blocks come back here
+
+        return _dask.attention(
+            query,
+            key,
+            value,
+            attn_mask,
+            score=score,
+            normalize=normalize,
+            scale=scale,
+            weight=weight,
+            temperature=temperature,
+            bandwidth=bandwidth,
+            w_q=w_q,
+            w_k=w_k,
+            w_v=w_v,
+            top_k=top_k,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
     spec = attention_spec(
         query,
         key,
@@ -557,6 +610,19 @@ def nadaraya_watson(
     >>> fastattn.nadaraya_watson(np.array([1.5]), x, y, kernel="gaussian", bandwidth=0.01)
     array([2.5])
     """
+    if _dispatch.backend(x_query, x_keys, y_values, out) == "dask":
+        from fastattn import _dask  # a lazy graph whose blocks come back here
+
+        return _dask.nadaraya_watson(
+            x_query,
+            x_keys,
+            y_values,
+            kernel=kernel,
+            bandwidth=bandwidth,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
     ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)

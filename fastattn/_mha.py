@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastattn import _dispatch
 from fastattn._compute import average_heads, split_heads
 from fastattn._sdpa import scaled_dot_product_attention
 from fastattn._validation import (
@@ -344,6 +345,21 @@ class MultiHeadAttention:
         out : ndarray, shape ``(B, Lq, embed_dim)`` (unbatched ``(Lq, embed_dim)``), or
         ``(out, weights)`` when ``need_weights``.
         """
+        if _dispatch.backend(query, key, value, attn_mask, valid_lens) == "dask":
+            from fastattn import _dask  # a lazy graph: projections and attention per block
+
+            return _dask.multihead_attention(
+                self,
+                query,
+                key,
+                value,
+                attn_mask,
+                valid_lens,
+                is_causal,
+                need_weights,
+                kv_cache,
+                num_threads,
+            )
         # One errstate for the whole call (NaN/inf inputs propagate quietly through the
         # projections, as through the kernel) rather than one per projection.
         with np.errstate(invalid="ignore", over="ignore"):

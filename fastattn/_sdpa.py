@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fastattn import _core, _cuda, _threads
+from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._prepare import (
     attention_buffers,
     attention_masks,
@@ -136,7 +136,27 @@ def scaled_dot_product_attention(
         )
         if result is not None:
             return result
-    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
+    kind = _dispatch.backend(query, key, value, attn_mask, valid_lens, out)
+    if kind == "dask":  # a lazy graph whose blocks come back here
+        from fastattn import _dask
+
+        return _dask.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask,
+            valid_lens=valid_lens,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            return_lse=return_lse,
+            return_weights=return_weights,
+            out=out,
+            num_threads=num_threads,
+        )
+    if kind == "cupy":
         return _cuda.scaled_dot_product_attention(
             query,
             key,
@@ -182,6 +202,12 @@ def scaled_dot_product_attention(
             },
         )
 
+    return compute(args, out, want_lse, want_weights, threads)
+
+
+def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
+    """The checked call, computed on the CPU kernels (also the Dask path's blocks, which
+    set ``args.diag_offset`` to the block's absolute offset)."""
     dtype, batch = args.compute_dtype, args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
     q = to_batch(kernel_ready(args.query, dtype), batch)
@@ -267,7 +293,12 @@ def merge_attention_states(
     >>> bool(np.allclose(out, full)), bool(np.allclose(lse, full_lse))
     (True, True)
     """
-    if _cuda.uses_gpu(out, *_gpu_candidates(outputs), *_gpu_candidates(lses)):
+    kind = _dispatch.backend(out, outputs, lses)
+    if kind == "dask":
+        from fastattn import _dask
+
+        return _dask.merge_attention_states(outputs, lses, out=out, num_threads=num_threads)
+    if kind == "cupy":
         raise NotImplementedError(
             "merge_attention_states does not run on CuPy arrays: pass NumPy arrays "
             "(e.g. cupy.asnumpy)"
@@ -284,9 +315,3 @@ def merge_attention_states(
     _core.merge_states(outputs=parts, lses=part_lses, out=result, lse=lse, num_threads=threads)
     return finish(result, args.out_shape, args.result_dtype, out, in_place), lse
 
-
-def _gpu_candidates(parts: object) -> list:
-    """The arrays of a sequence argument, for the CuPy check (anything else: none)."""
-    if isinstance(parts, (list, tuple)):
-        return list(parts)
-    return [parts]
