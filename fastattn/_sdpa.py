@@ -100,6 +100,10 @@ def scaled_dot_product_attention(
     CuPy arrays are computed on the GPU (a flash-style CUDA kernel, same semantics) and
     give CuPy arrays; every array argument must then be a CuPy array.
 
+    Dask arrays give lazy Dask arrays (``out=`` excepted): one task per chunk, the key
+    length may be chunked too (partial states merged exactly); see the "Dask arrays"
+    section of docs/semantics.md.
+
     Returns
     -------
     output, or a tuple ``(output, lse)``, ``(output, weights)``, ``(output, lse, weights)``.
@@ -273,7 +277,7 @@ def merge_attention_states(
     NaN or ``+inf`` lse makes the row and its lse NaN; a NaN in the output row of a part
     with a finite lse makes those entries NaN. Parts are summed in the order given, so the
     result is bit-identical for any thread count. The GIL is released while computing.
-    CuPy arrays raise ``NotImplementedError``.
+    CuPy arrays raise ``NotImplementedError``; Dask arrays give lazy Dask arrays.
 
     Returns
     -------
@@ -314,4 +318,3 @@ def merge_attention_states(
     lse = np.empty(args.out_shape[:-1], dtype)
     _core.merge_states(outputs=parts, lses=part_lses, out=result, lse=lse, num_threads=threads)
     return finish(result, args.out_shape, args.result_dtype, out, in_place), lse
-
