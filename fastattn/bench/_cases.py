@@ -85,6 +85,7 @@ class Case:
             return sum(
                 attention_flops((hq, n, e), (hkv, n, e), (hkv, n, e), self.causal)
                 for n in self.dims[3:]
+                if n > 0
             )
         return 5.0 * float(np.prod(self.dims))
 
@@ -343,6 +344,8 @@ def _build_varlen(work: Workload, dt) -> None:
     def numpy_loop():  # the NumPy formula, one sequence at a time
         out = np.empty(q.shape[:2] + v.shape[2:], q.dtype)
         for a, b in zip(cu[:-1], cu[1:]):
+            if a == b:
+                continue
             heads = [x[a:b].transpose(1, 0, 2) for x in (q, k, v)]
             out[a:b] = numpy_sdpa(*heads, causal).transpose(1, 0, 2)
         return out

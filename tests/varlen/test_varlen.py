@@ -365,3 +365,17 @@ def test_gil_released_during_kernel():
     worker.join()
     assert len(ticks) > 10
     assert np.diff(ticks).max() < 0.5 * duration
+
+
+def test_benchmark_workload():
+    """fastattn-bench's varlen rows: every candidate (varlen_attention, the NumPy formula per
+    sequence, the per-sequence loop, padding with valid_lens) agrees with the twin."""
+    from fastattn.bench import _cases
+
+    case = _cases.varlen_case("varlen", (21, 0, 3, 9), hq=2, hkv=1, e=8)
+    libs = _cases.Libraries(threads=2, wanted=("fastattn", "numpy"))
+    work = _cases.build(case, "float32", libs, _cases.IMPLS)
+    assert set(work.candidates) == {"fastattn", "numpy", "fastattn-loop", "fastattn-padded"}
+    errors, _ = work.first_calls()
+    assert all(err < 1e-5 for err in errors.values()), errors
+    assert case.flops() > 0 and case.seq_len == 21
