@@ -26,6 +26,7 @@ from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
 from fastattn._sdpa import merge_attention_states, scaled_dot_product_attention
 from fastattn._threads import get_num_threads, set_num_threads
+from fastattn._varlen import varlen_attention
 
 __version__ = _core.version
 
@@ -67,6 +68,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "set_num_threads",
     "show_config",
+    "varlen_attention",
 ]
 
 if _os.environ.get("FASTATTN_ISA"):

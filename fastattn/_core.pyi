@@ -37,6 +37,22 @@ def sdpa(
     window_right: int,
     num_threads: int,
 ) -> None: ...
+def sdpa_varlen(
+    query: NDArray[np.floating],
+    key: NDArray[np.floating],
+    value: NDArray[np.floating],
+    out: NDArray[np.floating],
+    cu_seqlens_q: NDArray[np.int64],
+    cu_seqlens_k: NDArray[np.int64],
+    lse: NDArray[np.floating] | None,
+    scale: float,
+    softcap: float,
+    causal: bool,
+    bottom_right: bool,
+    window_left: int,
+    window_right: int,
+    num_threads: int,
+) -> None: ...
 def merge_states(
     outputs: Sequence[NDArray[np.floating]],
     lses: Sequence[NDArray[np.floating]],

@@ -386,10 +386,135 @@ def sdpa_args(
 ) -> SdpaArgs:
     args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window)
     args.scale = _check_scale(scale, args)
+    args.softcap = _check_softcap(softcap, args.compute_dtype)
+    return args
+
+
+def _check_softcap(softcap: object, compute_dtype: np.dtype) -> float | None:
+    """``softcap`` > 0, or None (none, also for a cap too large to change a score)."""
     cap = None if softcap is None else check_real(softcap, "softcap", positive=True)
-    if cap is not None and cap > _FINFO_MAX[args.compute_dtype]:
+    if cap is not None and cap > _FINFO_MAX[compute_dtype]:
         cap = None  # c * tanh(s / c) == s to the last bit for any c this large
-    args.softcap = cap
+    return cap
+
+
+@dataclass
+class VarlenArgs:
+    """A validated varlen_attention call: the packed q/k/v as given (not converted),
+    ``(total_q, Hq, E)``, ``(total_k, Hkv, E)``, ``(total_k, Hkv, Ev)``, and the sequence
+    boundaries as int64 arrays of length ``N + 1``."""
+
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    cu_seqlens_q: np.ndarray
+    cu_seqlens_k: np.ndarray
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+    out_shape: tuple
+    scale: float
+    softcap: float | None
+    is_causal: bool
+    bottom_right: bool
+    window: tuple[int, int]  # -1 = unbounded
+
+    def named_inputs(self) -> dict:
+        """The arrays by the names the errors use (for ``out=``'s overlap check)."""
+        return {"query": self.query, "key": self.key, "value": self.value}
+
+
+def _packed(x: object, name: str, layout: str) -> np.ndarray:
+    a = float_array(x, name, min_ndim=0)
+    if a.ndim != 3:
+        raise ValueError(
+            f"{name} must have 3 dimensions {layout} (packed tokens, heads, features), "
+            f"got shape {a.shape}"
+        )
+    return a
+
+
+def _boundaries(cu: object, name: str, total: int, total_name: str) -> np.ndarray:
+    """Sequence boundaries: 1-D integers, 0 first, ``total`` last, non-decreasing."""
+    a = np.asarray(cu)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an array of integers, got dtype {a.dtype}")
+    if a.ndim != 1 or a.shape[0] < 1:
+        raise ValueError(
+            f"{name} must be 1-D with N + 1 >= 1 boundaries (N = the number of sequences), "
+            f"got shape {a.shape}"
+        )
+    if a[0] != 0 or a[-1] != total:
+        raise ValueError(
+            f"{name} must start at 0 and end at {total_name} = {total}, got {a[0]} ... {a[-1]}"
+        )
+    steps = np.diff(a.astype(np.int64))
+    if steps.size and steps.min() < 0:
+        at = int(np.argmax(steps < 0))
+        raise ValueError(
+            f"{name} must be non-decreasing: {name}[{at + 1}] = {a[at + 1]} < "
+            f"{name}[{at}] = {a[at]}"
+        )
+    return a.astype(np.int64, copy=False)
+
+
+def varlen_args(
+    query,
+    key,
+    value,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    is_causal,
+    causal_alignment,
+    window,
+    scale,
+    softcap,
+) -> VarlenArgs:
+    q = _packed(query, "query", "(total_q, Hq, E)")
+    k = _packed(key, "key", "(total_k, Hkv, E)")
+    v = _packed(value, "value", "(total_k, Hkv, Ev)")
+    result, compute = result_dtypes(q, k, v)
+    (tq, hq, e), (tk, hkv, ek), (tv, hv, ev) = q.shape, k.shape, v.shape
+    if ek != e:
+        raise ValueError(
+            f"key has feature size {ek} (last axis) but query has {e}: they must match "
+            f"(query {q.shape}, key {k.shape})"
+        )
+    if e == 0:
+        raise ValueError(f"query and key must have a feature size E >= 1, got shape {q.shape}")
+    if tv != tk:
+        raise ValueError(
+            f"value has {tv} tokens (axis 0) but key has {tk} (key {k.shape}, value {v.shape})"
+        )
+    if hv != hkv:
+        raise ValueError(f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})")
+    if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
+        raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
+    cu_q = _boundaries(cu_seqlens_q, "cu_seqlens_q", tq, "total_q (query.shape[0])")
+    cu_k = _boundaries(cu_seqlens_k, "cu_seqlens_k", tk, "total_k (key.shape[0])")
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must have the same length N + 1 (one boundary per "
+            f"sequence, plus one), got {cu_q.shape[0]} and {cu_k.shape[0]}"
+        )
+    causal = check_flag(is_causal, "is_causal")
+    check_alignment(causal_alignment)
+    args = VarlenArgs(
+        query=q,
+        key=k,
+        value=v,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        result_dtype=result,
+        compute_dtype=compute,
+        out_shape=(tq, hq, ev),
+        scale=1.0,
+        softcap=None,
+        is_causal=causal,
+        bottom_right=causal_alignment == "bottom_right",
+        window=check_window(window),
+    )
+    args.scale = _check_scale(scale, args)
+    args.softcap = _check_softcap(softcap, compute)
     return args
 
 

@@ -30,6 +30,7 @@ from fastattn._validation import (
     regression_args,
     result_dtypes,
     sdpa_args,
+    varlen_args,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ __all__ = [
     "multi_head_attention",
     "nadaraya_watson",
     "scaled_dot_product_attention",
+    "varlen_attention",
 ]
 
 
@@ -161,6 +163,82 @@ def scaled_dot_product_attention(
     if want_weights:
         extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype))
     return (output, *extras) if extras else output
+
+
+def varlen_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike,
+    *,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
+    """NumPy twin of :func:`fastattn.varlen_attention`: the float64 twin of
+    :func:`scaled_dot_product_attention` on each sequence, one at a time.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = k = v = np.eye(2)[:, None, :]  # two tokens, one head
+    >>> reference.varlen_attention(q, k, v, [0, 1, 2], [0, 1, 2])[:, 0]
+    array([[1., 0.],
+           [0., 1.]])
+    """
+    args = varlen_args(
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+    )
+    want_lse = check_flag(return_lse, "return_lse")
+    _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
+    q, k, v = (np.swapaxes(a.astype(np.float64), 0, 1) for a in (args.query, args.key, args.value))
+    output = np.zeros(args.out_shape, np.float64)
+    lse = np.full(args.out_shape[:-1], -np.inf)
+    left, right = args.window
+    window_arg = (
+        None if window is None else (left if left >= 0 else None, right if right >= 0 else None)
+    )
+    cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
+    for n in range(cu_q.shape[0] - 1):
+        rows, keys = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+        if rows.stop == rows.start:
+            continue
+        o, l_ = scaled_dot_product_attention(
+            q[:, rows],
+            k[:, keys],
+            v[:, keys],
+            is_causal=args.is_causal,
+            causal_alignment=causal_alignment,
+            window=window_arg,
+            scale=args.scale,
+            softcap=args.softcap,
+            return_lse=True,
+        )
+        output[rows] = np.swapaxes(o, 0, 1)
+        lse[rows] = l_.T
+    output = output.astype(args.result_dtype)
+    if out is not None:
+        np.copyto(out, output)
+        output = out
+    if want_lse:
+        return output, lse.astype(args.compute_dtype)
+    return output
 
 
 def merge_attention_states(

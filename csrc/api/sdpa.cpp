@@ -22,14 +22,17 @@ int threads_for(const AttnParams& p) {
   double work =
       double(p.num_heads_q) * double(p.len_q) * double(p.len_k) * double(p.dim_q + p.dim_v);
   for (int64_t d = 0; d < p.batch_ndim; ++d) work *= double(p.batch_shape[d]);
-  return work < kOneThreadWork ? 1 : p.num_threads;
+  return threads_for_work(work, p.num_threads);
 }
 
 }  // namespace
 
-void scaled_dot_product_attention(const SdpaCall& c) {
-  const char* fn = "sdpa";
-  SdpaParams p;
+int threads_for_work(double multiply_adds, int num_threads) {
+  return multiply_adds < kOneThreadWork ? 1 : num_threads;
+}
+
+void check_sdpa(const SdpaCall& c, const char* fn, SdpaParams* out) {
+  SdpaParams& p = *out;
   check_attention(c, fn, "key and query head dims differ", &p);
   require(p.dim_q > 0, fn, "head dim must be positive");
   require(c.softcap >= 0.0, fn, "softcap must be >= 0 (0 = none)");
@@ -41,6 +44,12 @@ void scaled_dot_product_attention(const SdpaCall& c) {
   p.softcap = c.softcap;
   p.num_threads = threads_for(p);
   p.l1_bytes = l1_data_cache_bytes();
+}
+
+void scaled_dot_product_attention(const SdpaCall& c) {
+  const char* fn = "sdpa";
+  SdpaParams p;
+  check_sdpa(c, fn, &p);
   const KernelTable& kernels = active_kernels();
   const bool ok = c.query.itemsize == 4 ? kernels.sdpa_forward_f32(p) : kernels.sdpa_forward_f64(p);
   if (!ok) throw ScratchAllocationError(fn);

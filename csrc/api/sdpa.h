@@ -10,9 +10,17 @@ struct SdpaCall : AttnCall {
   double softcap = 0.0;
 };
 
+// check_attention plus SDPA's own checks (head dim, softcap, scale) into *p, with its
+// thread count for the call's size and the L1 size; `fn` names the entry in messages.
+void check_sdpa(const SdpaCall& call, const char* fn, SdpaParams* p);
+
 // Checks the invariants the Python layer established (cheaply), fills SdpaParams and
 // runs the active ISA's kernel. Throws std::invalid_argument on a broken invariant and
 // std::bad_alloc when scratch cannot be had. Call without the GIL.
 void scaled_dot_product_attention(const SdpaCall& call);
+
+// The threads an SDPA-like call of this many multiply-adds runs on: 1 below the size where
+// waking a second thread costs more than it saves, else num_threads.
+int threads_for_work(double multiply_adds, int num_threads);
 
 }  // namespace fastattn

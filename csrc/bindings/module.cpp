@@ -7,6 +7,7 @@ void register_sdpa(pybind11::module_& m);
 void register_config(pybind11::module_& m);
 void register_family(pybind11::module_& m);
 void register_capi(pybind11::module_& m);
+void register_varlen(pybind11::module_& m);
 }  // namespace fastattn
 
 PYBIND11_MODULE(_core, m) {
@@ -15,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   fastattn::register_sdpa(m);
   fastattn::register_family(m);
   fastattn::register_capi(m);
+  fastattn::register_varlen(m);
 }

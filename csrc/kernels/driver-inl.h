@@ -99,6 +99,36 @@ inline void open_task(const AttnParams& p, const Plan& plan, int64_t t, int64_t 
   setup_task_rows(p, tv->c, key_begin, key_end, &tv->refs, rows, klo, khi);
 }
 
+// Work item `item` (task item / splits, key split item % splits): its rows opened over the
+// split's keys, walked in blocks and finished (or saved as a partial for merge_task).
+// run_blocked's loop body, shared with the packed variable-length driver (varlen-inl.h).
+template <typename T, typename Engine, bool kSplit>
+inline void run_item(const AttnParams& p, const Plan& plan, Engine& eng, RowRef<T>* rows,
+                     TaskView<T>* tv, int64_t item) {
+  const int64_t splits = kSplit ? plan.key_splits : 1;
+  const int64_t t = item / splits, split = item % splits;
+  const int64_t key_begin = split * plan.split_len;
+  const int64_t key_end = kSplit ? imin(p.len_k, key_begin + plan.split_len) : p.len_k;
+  int64_t klo, khi;
+  open_task(p, plan, t, key_begin, key_end, rows, tv, &klo, &khi);
+  eng.begin(*tv);
+  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k)
+    eng.block(*tv, kb, imin(plan.block_k, khi - kb));
+  if constexpr (kSplit)
+    eng.save_partial(*tv, t, split);
+  else
+    eng.finish(*tv);
+}
+
+// Task t's key splits, every one saved, merged into its rows' results.
+template <typename T, typename Engine>
+inline void merge_task(const AttnParams& p, const Plan& plan, Engine& eng, RowRef<T>* rows,
+                       TaskView<T>* tv, int64_t t) {
+  int64_t klo, khi;
+  open_task(p, plan, t, 0, p.len_k, rows, tv, &klo, &khi);
+  eng.merge(*tv, t);
+}
+
 // Runs every task of the call; false if a thread's scratch could not be allocated.
 template <typename T, typename Engine, bool kSplit>
 bool run_blocked(const typename Engine::Params& p, const Plan& plan,
@@ -124,26 +154,13 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!raw) continue;
-      const int64_t t = item / splits, split = item % splits;
-      const int64_t key_begin = split * plan.split_len;
-      const int64_t key_end = kSplit ? imin(p.len_k, key_begin + plan.split_len) : p.len_k;
-      int64_t klo, khi;
-      open_task(p, plan, t, key_begin, key_end, rows, &tv, &klo, &khi);
-      eng.begin(tv);
-      for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k)
-        eng.block(tv, kb, imin(plan.block_k, khi - kb));
-      if constexpr (kSplit)
-        eng.save_partial(tv, t, split);
-      else
-        eng.finish(tv);
+      run_item<T, Engine, kSplit>(p, plan, eng, rows, &tv, item);
     }
     if constexpr (kSplit) {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < plan.tasks; ++t) {
         if (failed) continue;
-        int64_t klo, khi;
-        open_task(p, plan, t, 0, p.len_k, rows, &tv, &klo, &khi);
-        eng.merge(tv, t);
+        merge_task<T>(p, plan, eng, rows, &tv, t);
       }
     }
     std::free(raw);

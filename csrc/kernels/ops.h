@@ -11,12 +11,15 @@
 #include <cstdint>
 
 #include "api/params.h"
+#include "api/varlen_params.h"
 
 namespace fastattn {
 
 // Signatures, as templates of the compute type T (float or double).
 template <typename T>
 using SdpaFn = bool(const SdpaParams&);
+template <typename T>
+using VarlenFn = bool(const VarlenParams&);
 template <typename T>
 using ArrayFn = void(const T* x, T* out, int64_t n);
 template <typename T>
@@ -32,11 +35,13 @@ using FmaPeakFn = double(int num_threads, double seconds);
 template <typename T>
 using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
 
+// sdpa_varlen (varlen_attention) is in kernels/varlen-inl.h, which sdpa-inl.h includes.
 // The attention kernels return false when scratch could not be allocated (the entry point
 // raises); the machine-limit probes return their measurement.
 #define FASTATTN_OPS(X)                                      \
   X(sdpa, sdpa_forward, SdpaFn)                              \
   X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */ \
+  X(sdpa, sdpa_varlen, VarlenFn)                             \
   X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
   X(additive, additive_attention, FamilyFn)                  \
   X(additive, project, ProjectFn)                            \

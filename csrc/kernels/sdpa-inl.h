@@ -350,13 +350,11 @@ struct SdpaEngine {
 // every query head of the kv head's GQA group, so each packed K^T and V block serves all
 // of them. block_q (and so the task count) may follow the thread count (the driver keeps
 // results bit-identical); thin and the key splits are fixed by the shape alone, since the
-// specialisations round differently. Returns false if scratch could not be allocated.
+// specialisations round differently. Fills *out for a call of `batch` entries with rows to
+// compute; returns whether it is thin.
 template <typename T>
-bool sdpa_forward(const SdpaParams& p) {
-  const int64_t batch = batch_count(p);
-  if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
-
-  Plan plan;
+inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
+  Plan& plan = *out;
   plan.heads = p.num_heads_q / p.num_heads_kv;
   plan.block_k = key_block_size<T>(imax(p.dim_q, 1), p.l1_bytes);
   // About 256 rows per task, fewer when that leaves threads idle.
@@ -382,6 +380,16 @@ bool sdpa_forward(const SdpaParams& p) {
       plan.key_splits = (p.len_k + plan.split_len - 1) / plan.split_len;
     }
   }
+  return thin;
+}
+
+// Returns false if scratch could not be allocated.
+template <typename T>
+bool sdpa_forward(const SdpaParams& p) {
+  const int64_t batch = batch_count(p);
+  if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
+  Plan plan;
+  const bool thin = sdpa_plan<T>(p, batch, &plan);
   SdpaShared<T> sh;
   if (plan.key_splits > 1) {
     const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
@@ -415,3 +423,6 @@ bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double>(pa
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn
+
+// fastattn.varlen_attention runs this engine over packed sequences; compiled in this TU.
+#include "kernels/varlen-inl.h"

@@ -19,8 +19,18 @@ from fastattn.bench._formulas import (
     numpy_merge_states,
     numpy_sdpa,
 )
+from fastattn.bench._varlen import (
+    lognormal_lengths,
+    one_long_many_short,
+    packed_inputs,
+    padded,
+    padded_bytes,
+    per_sequence_loop,
+)
 
-IMPLS = ("fastattn", "numpy", "torch", "jax", *_anchors.ANCHORS)
+# fastattn-loop / fastattn-padded: varlen cases only, the two ways to compute a packed
+# batch without varlen_attention (fastattn.bench._varlen).
+IMPLS = ("fastattn", "numpy", "torch", "jax", *_anchors.ANCHORS, "fastattn-loop", "fastattn-padded")
 DTYPES = ("float32", "float64")
 PRESETS = ("smoke", "quick", "default", "full")
 _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes per check
@@ -30,9 +40,10 @@ _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes pe
 class Case:
     """One shape. ``kind`` is ``"sdpa"`` (dims ``B, Hq, Hkv, Lq, Lk, E``), ``"additive"``
     (``B, Lq, Lk, D, hidden``), ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
-    batch entry), ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention) or
+    batch entry), ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention),
     ``"mha_decode"`` (``B, E, H, cache``: one KV-cache decode step of the multi-head layer,
-    projections included).
+    projections included) or ``"varlen"`` (``Hq, Hkv, E`` and then every sequence's length:
+    packed self-attention).
     Cases of one ``series`` differ only in sequence length."""
 
     name: str
@@ -50,6 +61,8 @@ class Case:
             return self.dims[3]  # (no keys: the query rows)
         if self.kind == "mha_decode":
             return self.dims[3]
+        if self.kind == "varlen":
+            return max(self.dims[3:])  # the longest sequence
         return self.dims[4] if self.kind == "sdpa" else self.dims[2]
 
     def matches(self, words: list[str]) -> bool:
@@ -74,6 +87,13 @@ class Case:
         if self.kind == "mha_decode":
             b, e, h, cache = self.dims
             return 4 * 2.0 * b * e * e + 4.0 * b * cache * e  # projections of one token, QK and PV
+        if self.kind == "varlen":
+            hq, hkv, e = self.dims[:3]
+            return sum(
+                attention_flops((hq, n, e), (hkv, n, e), (hkv, n, e), self.causal)
+                for n in self.dims[3:]
+                if n > 0
+            )
         return 5.0 * float(np.prod(self.dims))
 
     @property
@@ -83,6 +103,8 @@ class Case:
         softmax: a few flops per element), None where the flop count is nominal (additive)."""
         if self.kind == "sdpa":
             return "memory" if self.dims[3] == 1 else "compute"
+        if self.kind == "varlen":
+            return "compute"
         return "memory" if self.kind in ("masked_softmax", "merge_states", "mha_decode") else None
 
     def bytes(self, dtype: str) -> float:
@@ -101,6 +123,9 @@ class Case:
         if self.kind == "mha_decode":
             b, e, h, cache = self.dims
             return float(size * (4 * e * e + 2 * b * cache * e))  # the weights and the cache
+        if self.kind == "varlen":
+            hq, hkv, e = self.dims[:3]
+            return float(size * sum(self.dims[3:]) * (2 * hq + 2 * hkv) * e)
         b, lq, lk, d, hidden = self.dims
         return float(size * b * (lq + 2 * lk) * d)
 
@@ -123,6 +148,12 @@ def sdpa_case(
     name = f"{label} {b}x{heads} {lq}x{lk} E{e}"
     tags = tags + (("causal",) if causal else ()) + (("long-context",) if lk >= 4096 else ())
     return Case(name, "sdpa", (b, hq, hkv, lq, lk, e), causal, tags, series, dtypes)
+
+
+def varlen_case(label: str, lens, hq: int = 8, hkv: int = 2, e: int = 64, tags=()) -> Case:
+    """Causal self-attention over packed sequences of ``lens`` (float32)."""
+    name = f"{label} {len(lens)} seqs ({sum(lens)} tokens, longest {max(lens)}) {hq}/{hkv} E{e}"
+    return Case(name, "varlen", (hq, hkv, e, *lens), True, ("varlen", *tags), None, ("float32",))
 
 
 def _sweep(label: str, lengths, causal: bool, dtypes=DTYPES) -> list[Case]:
@@ -291,6 +322,16 @@ def grid(preset: str) -> list[Case]:
             tags=("merge", "chunked"),
             dtypes=f32 if quick else DTYPES,
         ),
+        varlen_case(
+            "varlen lognormal",
+            lognormal_lengths(16 if quick else 32, 200, 1.0, 2048),
+            tags=("skewed",),
+        ),
+        varlen_case(
+            "varlen 1 long + many short",
+            one_long_many_short(4096 if quick else 8192, 16, 500 if quick else 1000),
+            tags=("skewed",),
+        ),
     ]
     if full:
         cases += [
@@ -300,6 +341,50 @@ def grid(preset: str) -> list[Case]:
             sdpa_case("MHA decode", 1, 8, 8, 1, 2048, 64, tags=("decode",)),
         ]
     return cases
+
+
+_PADDED_LIMIT = 2 << 30  # bytes of padded buffers beyond which fastattn-padded is left out
+
+
+def _build_varlen(work: Workload, dt) -> None:
+    hq, hkv, e = work.case.dims[:3]
+    lens = work.case.dims[3:]
+    causal = work.case.causal
+    q, k, v, cu = packed_inputs(lens, hq, hkv, e, dt)
+    work.candidates["fastattn"] = lambda: fastattn.varlen_attention(
+        q, k, v, cu, cu, is_causal=causal
+    )
+    work.candidates["fastattn-loop"] = lambda: per_sequence_loop(q, k, v, cu, causal)
+    if padded_bytes(lens, hq, hkv, e, dt.itemsize) <= _PADDED_LIMIT:
+        work.candidates["fastattn-padded"] = lambda: padded(q, k, v, cu, causal)
+
+    def numpy_loop():  # the NumPy formula, one sequence at a time
+        out = np.empty(q.shape[:2] + v.shape[2:], q.dtype)
+        for a, b in zip(cu[:-1], cu[1:]):
+            if a == b:
+                continue
+            heads = [x[a:b].transpose(1, 0, 2) for x in (q, k, v)]
+            out[a:b] = numpy_sdpa(*heads, causal).transpose(1, 0, 2)
+        return out
+
+    work.candidates["numpy"] = numpy_loop
+
+    def reference():
+        # The last sequences, as many as the reference's budget holds.
+        first = len(lens)
+        while first > 0 and hq * sum(n * n for n in lens[first - 1 :]) <= _REFERENCE_ELEMENTS:
+            first -= 1
+        first = min(first, len(lens) - 1)
+        a = int(cu[first])
+        expected = fastattn.reference.varlen_attention(
+            *(x[a:].astype(np.float64) for x in (q, k, v)),
+            cu[first:] - a,
+            cu[first:] - a,
+            is_causal=causal,
+        )
+        return expected, lambda out: out[a:]
+
+    work.reference = reference
 
 
 class Libraries:
@@ -377,6 +462,8 @@ class Libraries:
             "numpy": True,
             "torch": self.torch is not None,
             "jax": self.jax is not None,
+            "fastattn-loop": True,
+            "fastattn-padded": True,
             **{name: self.engine(name) is not None for name in _anchors.ANCHORS},
         }
         return [name for name in IMPLS if name in self.wanted and have[name]]
@@ -438,6 +525,8 @@ def build(
         _build_merge_states(work, rng, dt)
     elif case.kind == "mha_decode":
         _build_mha_decode(work, rng, dt, libs, impls)
+    elif case.kind == "varlen":
+        _build_varlen(work, dt)
     else:
         raise ValueError(f"unknown case kind {case.kind!r}")
     work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}

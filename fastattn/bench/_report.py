@@ -9,7 +9,7 @@ from fastattn.bench._anchors import ORT_OPSET
 from fastattn.bench._cases import IMPLS
 from fastattn.bench._run import format_ms
 
-BASELINES = ("numpy", "torch", "jax", "ort", "openvino")
+BASELINES = ("numpy", "torch", "jax", "ort", "openvino", "fastattn-loop", "fastattn-padded")
 
 
 def _err(x: float | None) -> str:
@@ -222,7 +222,11 @@ METHOD = """\
   engines are built and compiled once per shape and their inputs laid out for the op outside
   the timing, and they run float32 rows only (they compute float64 inputs at float32
   accuracy). torch, JAX and the engines have no additive attention or masked softmax, so
-  those rows compare with NumPy only.
+  those rows compare with NumPy only. *varlen rows* (packed sequences, `varlen_attention`):
+  *numpy* runs the formula one sequence at a time; *fastattn-loop* is a Python loop of
+  `scaled_dot_product_attention` calls, one per sequence; *fastattn-padded* copies the
+  sequences into buffers padded to the longest, makes one call with `valid_lens` and copies the
+  valid rows back (left out where those buffers would pass 2 GiB).
 """
 
 

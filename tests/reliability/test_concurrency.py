@@ -96,6 +96,17 @@ def calls():
         "merge_attention_states": lambda n: fastattn.merge_attention_states(
             parts, part_lses, num_threads=n
         ),
+        "varlen_attention": lambda n: fastattn.varlen_attention(
+            q[0].transpose(1, 0, 2),  # 33 tokens: sequences of 20, 0, 13
+            k[0].transpose(1, 0, 2),  # 70 tokens: 9, 25, 36
+            v[0].transpose(1, 0, 2),
+            [0, 20, 20, 33],
+            [0, 9, 34, 70],
+            is_causal=True,
+            causal_alignment="bottom_right",
+            return_lse=True,
+            num_threads=n,
+        ),
         "MultiHeadAttention": lambda n: layer(
             seq, is_causal=True, need_weights=True, num_threads=n
         ),

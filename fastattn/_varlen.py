@@ -1,0 +1,141 @@
+"""fastattn.varlen_attention: packed variable-length batches, checked by
+:mod:`fastattn._validation`, computed by one call of the SDPA kernels over every sequence
+(``_core.sdpa_varlen``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from fastattn import _core, _cuda, _threads
+from fastattn._prepare import finish, kernel_ready, result_buffer
+from fastattn._validation import check_flag, check_out, varlen_args
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
+
+
+def varlen_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike,
+    *,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+    out: NDArray[np.floating] | None = None,
+    num_threads: int | None = None,
+) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
+    """Scaled dot-product attention over a batch of sequences of different lengths, packed.
+
+    Sequence ``n``'s queries ``query[cu_seqlens_q[n]:cu_seqlens_q[n+1]]`` attend only to its
+    keys ``key[cu_seqlens_k[n]:cu_seqlens_k[n+1]]`` (and values). The result is
+    bit-identical to :func:`scaled_dot_product_attention` on each sequence alone (every
+    option means what it means there, per sequence), computed in one call: no padding is
+    formed, and the work of all sequences is shared out among the threads, largest tasks
+    first, so one long sequence beside many short ones keeps every thread busy.
+
+    Parameters
+    ----------
+    query : array_like, shape ``(total_q, Hq, E)``
+    key : array_like, shape ``(total_k, Hkv, E)``
+    value : array_like, shape ``(total_k, Hkv, Ev)``
+        Token-major packed sequences (FlashAttention's varlen layout). float16, float32 or
+        float64; mixed dtypes promote with ``np.result_type``; float16 is computed in
+        float32 and returned as float16. ``Hq % Hkv == 0`` (grouped-query attention).
+        Any strides; arrays whose last axis has unit stride are read in place.
+    cu_seqlens_q, cu_seqlens_k : array_like of int, shape ``(N + 1,)``
+        Cumulative sequence lengths: non-decreasing, starting at 0 and ending at
+        ``total_q`` / ``total_k``. Empty sequences are allowed (a sequence with queries
+        but no keys returns zeros, lse ``-inf``).
+    is_causal : bool, default False
+        Per sequence, keep keys ``j <= i`` (``causal_alignment="top_left"``) or
+        ``j <= i + Lk_n - Lq_n`` (``"bottom_right"``), positions counted within the sequence.
+    window : (left, right), optional
+        Per sequence, keep ``i - left <= j <= i + right`` (same alignment as causal).
+    scale : float, default ``1 / sqrt(E)``
+    softcap : float > 0, optional
+        Scores become ``softcap * tanh(score / softcap)`` after scaling.
+    return_lse : bool
+        Also return the log-sum-exp of each score row, shape ``(total_q, Hq)``, in the
+        compute dtype (float32 for float16 inputs).
+    out : ndarray, optional
+        Written with the result and returned; exact output shape and dtype required.
+    num_threads : int, optional
+        Threads for this call (default: :func:`fastattn.get_num_threads`).
+
+    The result is bit-identical for any thread count. The GIL is released while computing.
+    CuPy arrays raise ``NotImplementedError``.
+
+    Returns
+    -------
+    output of shape ``(total_q, Hq, Ev)``, or ``(output, lse)``.
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> rng = np.random.default_rng(0)
+    >>> lens = [5, 0, 12]
+    >>> cu = np.concatenate([[0], np.cumsum(lens)])
+    >>> q, k, v = (rng.standard_normal((cu[-1], 4, 8), dtype=np.float32) for _ in range(3))
+    >>> out = fastattn.varlen_attention(q, k, v, cu, cu, is_causal=True)
+    >>> one = fastattn.scaled_dot_product_attention(
+    ...     q[5:17].transpose(1, 0, 2), k[5:17].transpose(1, 0, 2), v[5:17].transpose(1, 0, 2),
+    ...     is_causal=True)
+    >>> bool(np.array_equal(out[5:17], one.transpose(1, 0, 2)))
+    True
+    """
+    if _cuda.uses_gpu(query, key, value, cu_seqlens_q, cu_seqlens_k, out):
+        raise NotImplementedError(
+            "varlen_attention does not run on CuPy arrays: pass NumPy arrays (e.g. "
+            "cupy.asnumpy), or call scaled_dot_product_attention per sequence"
+        )
+    args = varlen_args(
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+    )
+    want_lse = check_flag(return_lse, "return_lse")
+    threads = _threads.resolve(num_threads)
+    if out is not None:
+        check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
+
+    dtype = args.compute_dtype
+    # The kernel sees the packed call as one SDPA without a batch: (heads, tokens, features).
+    q = kernel_ready(args.query, dtype).transpose(1, 0, 2)
+    k = kernel_ready(args.key, dtype).transpose(1, 0, 2)
+    v = kernel_ready(args.value, dtype).transpose(1, 0, 2)
+    result, in_place = result_buffer(out, args.out_shape, dtype)
+    lse = np.empty(args.out_shape[:-1], dtype) if want_lse else None
+    left, right = args.window
+    _core.sdpa_varlen(
+        query=q,
+        key=k,
+        value=v,
+        out=result.transpose(1, 0, 2),
+        cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
+        cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
+        lse=lse,
+        scale=args.scale,
+        softcap=args.softcap or 0.0,
+        causal=args.is_causal,
+        bottom_right=args.bottom_right,
+        window_left=left,
+        window_right=right,
+        num_threads=threads,
+    )
+    output = finish(result, args.out_shape, args.result_dtype, out, in_place)
+    return (output, lse) if want_lse else output
