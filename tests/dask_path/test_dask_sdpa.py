@@ -1,12 +1,14 @@
 """scaled_dot_product_attention and merge_attention_states on Dask arrays: lazy Dask arrays
 out, equal to the NumPy call on the computed inputs (and to the float64 reference), for
 random chunkings of every axis, with keys chunked under causal / window / valid_lens, GQA,
-float32 and float64; on the threaded scheduler and on a LocalCluster of worker processes.
+float16/32/64; on the threaded scheduler and on a LocalCluster of worker processes.
 
 Tolerance: with one key chunk a block runs the same kernel on a slice of the rows, and
 with several the partial states are merged (``merge_attention_states``), which rounds
 differently from one pass over all the keys: a few ulps of the compute dtype per merged
-part on O(1) values, so ``64 * eps`` absolute plus the same relative.
+part on O(1) values, so ``64 * eps`` absolute plus the same relative. float16 is computed
+in float32 (partial states too) and rounded once at the end, as the NumPy call does, so
+the two differ by at most one float16 ulp: ``2**-9``.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 
 EPS = {np.float32: 2.0**-24, np.float64: 2.0**-53}
+TOL = {np.float16: 2.0**-9, np.float32: 64 * EPS[np.float32], np.float64: 64 * EPS[np.float64]}
+# Against the float64 reference: the dtype's own rounding of O(1) results, with margin.
+REF_TOL = {np.float16: 4e-3, np.float32: 2.0**-10, np.float64: 1e-10}
 fixture_ok = settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
 def _close(got, want, dtype, reference_check=False):
-    tol = (
-        (2**-10 if dtype == np.float32 else 1e-10)
-        if reference_check
-        else 64 * EPS[np.dtype(dtype).type]
-    )
+    dtype = np.dtype(dtype).type
+    tol = REF_TOL[dtype] if reference_check else TOL[dtype]
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
@@ -47,7 +49,7 @@ def _chunking(draw, n: int) -> tuple:
 @st.composite
 def sdpa_cases(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    dtype = draw(st.sampled_from([np.float16, np.float32, np.float64]))
     b = draw(st.integers(1, 3))
     hkv = draw(st.sampled_from([1, 2]))
     hq = hkv * draw(st.sampled_from([1, 2, 3]))
