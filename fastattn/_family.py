@@ -24,6 +24,7 @@ from fastattn._prepare import (
     contiguous,
     extra,
     finish,
+    head_values,
     item_aligned,
     kernel_ready,
     pack,
@@ -39,6 +40,7 @@ from fastattn._validation import (
     check_out,
     masked_softmax_args,
     regression_args,
+    set_family_sinks,
 )
 
 if TYPE_CHECKING:
@@ -143,6 +145,7 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     bool_mask, float_mask, lens = attention_masks(args)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
+    sink_view, _ = head_values(args)
 
     left, right = args.window
     _core.additive(
@@ -165,6 +168,7 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
         top_k=k_keep,
         hardmax=hardmax,
         num_threads=threads,
+        sinks=sink_view,
     )
 
     return attention_result(args, out, result, in_place, None, weights)
@@ -336,6 +340,7 @@ def attention(
     is_causal: bool = False,
     causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
     window: tuple[int | None, int | None] | None = None,
+    sinks: ArrayLike | None = None,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
@@ -365,6 +370,10 @@ def attention(
         (ties at the k-th place keep the first keys), the rest weight 0.
     top_k : int >= 1
         Keys kept per row by ``normalize="topk"`` (required there, refused elsewhere).
+    sinks : array_like of float, optional
+        With ``normalize="softmax"``: one sink logit per query head, as in
+        :func:`fastattn.scaled_dot_product_attention` (an extra key of value zero in each
+        row's denominator). Not with ``score="gaussian"``.
     return_weights : bool, default False
         Also return the weights, shape ``(..., Hq, Lq, Lk)``.
     out : ndarray, optional
@@ -425,6 +434,7 @@ def attention(
         causal_alignment=causal_alignment,
         window=window,
     )
+    set_family_sinks(spec, sinks)
     args = spec.args
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
@@ -474,6 +484,7 @@ def attention(
             window_left=left,
             window_right=right,
             num_threads=threads,
+            sinks=head_values(args)[0],
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
         _core.select(

@@ -16,6 +16,7 @@ from fastattn._prepare import (
     attention_masks,
     attention_result,
     finish,
+    head_values,
     item_aligned,
     kernel_ready,
     result_buffer,
@@ -48,6 +49,8 @@ def scaled_dot_product_attention(
     window: tuple[int | None, int | None] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
     return_lse: bool = False,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
@@ -84,6 +87,17 @@ def scaled_dot_product_attention(
     scale : float, default ``1 / sqrt(E)``
     softcap : float > 0, optional
         Scores become ``softcap * tanh(score / softcap)`` after scaling, before masks.
+    sinks : array_like of float, optional
+        Attention sinks: one logit per query head, shape ``(Hq,)`` or broadcastable to the
+        score rows' leading shape ``(..., Hq)``. It joins the softmax denominator of every
+        row of its head as an extra key whose value is zero, used as given (not scaled,
+        soft-capped or masked): the weights sum to less than 1, ``lse`` includes it, and a
+        row that may attend no key returns zeros with ``lse = sink``.
+    alibi_slopes : array_like of float, optional
+        ALiBi: one slope per query head, shapes as ``sinks``. Adds
+        ``-slope * |j - (i + d)|`` to the scaled, soft-capped scores (with the float
+        mask), ``d`` the causal alignment's diagonal offset (0 top-left, ``Lk - Lq``
+        bottom-right). No bias matrix is formed.
     return_lse, return_weights : bool
         Also return the log-sum-exp of each score row, shape ``(..., Hq, Lq)`` (in the
         compute dtype: float32 for float16 inputs), and/or the attention weights, shape
@@ -98,7 +112,8 @@ def scaled_dot_product_attention(
     while computing.
 
     CuPy arrays are computed on the GPU (a flash-style CUDA kernel, same semantics) and
-    give CuPy arrays; every array argument must then be a CuPy array.
+    give CuPy arrays; every array argument must then be a CuPy array. ``sinks`` and
+    ``alibi_slopes`` are CPU-only: on CuPy arrays they raise ``NotImplementedError``.
 
     Returns
     -------
@@ -116,7 +131,8 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
-    if _fast_path:
+    plain = sinks is None and alibi_slopes is None  # options the fast path does not take
+    if _fast_path and plain:
         # The common call, checked and computed by the core; None: take the full path.
         result = _core.sdpa_fast(
             query=query,
@@ -136,7 +152,13 @@ def scaled_dot_product_attention(
         )
         if result is not None:
             return result
-    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
+    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes):
+        if not plain:
+            name = "sinks" if sinks is not None else "alibi_slopes"
+            raise NotImplementedError(
+                f"{name} is not supported on CuPy arrays (the CUDA kernel has no {name}): "
+                "pass NumPy arrays"
+            )
         return _cuda.scaled_dot_product_attention(
             query,
             key,
@@ -164,6 +186,8 @@ def scaled_dot_product_attention(
         window,
         scale,
         softcap,
+        sinks,
+        alibi_slopes,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
@@ -179,6 +203,8 @@ def scaled_dot_product_attention(
                 "value": value,
                 "attn_mask": attn_mask,
                 "valid_lens": valid_lens,
+                "sinks": sinks,
+                "alibi_slopes": alibi_slopes,
             },
         )
 
@@ -188,6 +214,7 @@ def scaled_dot_product_attention(
     k = to_batch(kernel_ready(args.key, dtype), batch)
     v = to_batch(kernel_ready(args.value, dtype), batch)
     bool_mask, float_mask, lens = attention_masks(args)
+    sink_view, alibi_view = head_values(args)
     result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
 
     left, right = args.window
@@ -208,6 +235,8 @@ def scaled_dot_product_attention(
         window_left=left,
         window_right=right,
         num_threads=threads,
+        sinks=sink_view,
+        alibi_slopes=alibi_view,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

@@ -249,7 +249,8 @@ void register_sdpa(py::module_& m) {
          const py::object& out, const py::object& bool_mask, const py::object& float_mask,
          const py::object& valid_lens, const py::object& lse, const py::object& weights,
          double scale, double softcap, bool causal, int64_t diag_offset, int64_t window_left,
-         int64_t window_right, int num_threads) {
+         int64_t window_right, int num_threads, const py::object& sinks,
+         const py::object& alibi_slopes) {
         SdpaCall call;
         call.query = array_ref(query, "query");
         call.key = array_ref(key, "key");
@@ -260,6 +261,8 @@ void register_sdpa(py::module_& m) {
         call.valid_lens = array_ref(valid_lens, "valid_lens");
         call.lse = array_ref(lse, "lse");
         call.weights = array_ref(weights, "weights");
+        call.sinks = array_ref(sinks, "sinks");
+        call.alibi = array_ref(alibi_slopes, "alibi_slopes");
         call.scale = scale;
         call.softcap = softcap;
         call.causal = causal;
@@ -275,6 +278,7 @@ void register_sdpa(py::module_& m) {
       py::arg("float_mask"), py::arg("valid_lens"), py::arg("lse"), py::arg("weights"),
       py::arg("scale"), py::arg("softcap"), py::arg("causal"), py::arg("diag_offset"),
       py::arg("window_left"), py::arg("window_right"), py::arg("num_threads"),
+      py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none(),
       "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).");
 
   m.def(
