@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
 # The fast path (csrc/bindings/register_sdpa.cpp: sdpa_fast) takes the common call:
-# NumPy arrays of one float dtype, no masks, out= or extra results. It shares the core's
+# NumPy arrays of one float dtype, no masks, out= or extra results; sinks / ALiBi slopes
+# of shape (Hq,) in that dtype. It shares the core's
 # entry check with the full path below and declines (returns None) anything that check
 # or its argument forms do not accept, so every error comes from the full path.
 # FASTATTN_FAST_PATH=0 turns it off (the tests run both paths).
@@ -131,8 +132,7 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
-    plain = sinks is None and alibi_slopes is None  # options the fast path does not take
-    if _fast_path and plain:
+    if _fast_path:
         # The common call, checked and computed by the core; None: take the full path.
         result = _core.sdpa_fast(
             query=query,
@@ -149,11 +149,13 @@ def scaled_dot_product_attention(
             return_weights=return_weights,
             out=out,
             num_threads=num_threads,
+            sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
         if result is not None:
             return result
     if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes):
-        if not plain:
+        if sinks is not None or alibi_slopes is not None:
             name = "sinks" if sinks is not None else "alibi_slopes"
             raise NotImplementedError(
                 f"{name} is not supported on CuPy arrays (the CUDA kernel has no {name}): "

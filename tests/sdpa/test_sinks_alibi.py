@@ -280,3 +280,53 @@ def test_reference_sinks_by_loop():
             want = sum(np.exp(x - m) / z * v[h, j] for j, x in enumerate(s))
             np.testing.assert_allclose(out[h, i], want, rtol=1e-12)
             assert lse[h, i] == pytest.approx(m + np.log(z), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((1, 8, 1, 64), (1, 2, 700, 64)),  # GQA decode
+        ((2, 1, 4, 5, 16), (1, 3, 2, 9, 16)),  # broadcast batch dims
+        ((3, 5, 8), (3, 7, 8)),  # 3-D
+    ],
+)
+@pytest.mark.parametrize("form", ["contiguous", "strided", "float16", "per-batch"])
+def test_fast_and_full_paths_agree(isa, monkeypatch, shapes, form):
+    """(Hq,) sinks and slopes in the query's dtype ride the fast path; other forms
+    (converted, broadcast) take the full one; both give the same bits."""
+    qs, ks = shapes
+    rng = np.random.default_rng(11)
+    q, k, v = _random(rng, qs), _random(rng, ks), _random(rng, ks)
+    hq = qs[-3]
+    if form == "per-batch" and len(qs) < 4:
+        form = "contiguous"
+    if form == "strided":
+        sinks = _random(rng, (2 * hq,))[::2]
+        slopes = np.abs(_random(rng, (2 * hq,)))[::2] * 0.1
+    elif form == "per-batch":
+        per_batch = (qs[0],) + (1,) * (len(qs) - 4) + (hq,)
+        sinks = _random(rng, per_batch)
+        slopes = np.abs(_random(rng, per_batch)) * 0.1
+    else:
+        dtype = np.float16 if form == "float16" else np.float32
+        sinks = _random(rng, (hq,), dtype)
+        slopes = (np.abs(_random(rng, (hq,))) * 0.1).astype(dtype)
+    kwargs = {"sinks": sinks, "alibi_slopes": slopes, "is_causal": True}
+    kwargs["causal_alignment"] = "bottom_right"
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(fastattn._sdpa, "_fast_path", on)
+        results.append(sdpa(q, k, v, **kwargs))
+    np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
+
+    seen = []
+    real = fastattn._core.sdpa
+
+    def spy(**kw):
+        seen.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(fastattn._core, "sdpa", spy)
+    monkeypatch.setattr(fastattn._sdpa, "_fast_path", True)
+    np.testing.assert_array_equal(sdpa(q, k, v, **kwargs), results[0])
+    assert bool(seen) == (form in ("float16", "per-batch"))
