@@ -13,21 +13,33 @@ namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
 // s[j] -= slope * |off + j| for j < ncols (ncols a whole number of vectors), where off =
-// kb - (i + diag_offset) for the row i scoring keys kb, kb + 1, ... The distances are
-// integers, exact in T for any key count a call can have in float32 (< 2^24 apart), and
-// are formed per vector from a lane ramp: no bias matrix, no per-key table.
+// kb - (i + diag_offset) for the row i scoring keys kb, kb + 1, ...; returns the lane-wise
+// running max of the biased scores (as the softmax's row-max pass would). The distances
+// d = off + j are integers, exact in T for any key count a call can have in float32
+// (< 2^24 apart), stepped by L per vector from a lane ramp: no bias matrix, no per-key
+// table. Left of the diagonal (d <= 0) the bias is slope * d, right of it -slope * d, the
+// same products with the sign moved: one multiply-add per vector, |d| only in the vector
+// that straddles the diagonal. A masked score (-inf) stays -inf.
 template <typename T>
-inline void alibi_row(T slope, int64_t off, int64_t ncols, T* s) {
+inline typename VecOf<T>::type alibi_row_max(T slope, int64_t off, int64_t ncols, T* s) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
-  V ramp = V{};
-  for (int lane = 0; lane < L; ++lane) ramp[lane] = T(lane);
-  const V neg_slope = V{} - slope;
-  for (int64_t j = 0; j < ncols; j += L) {
-    const V d = ramp + T(off + j);
-    const V dist = d < T(0) ? -d : d;
-    vstore(s + j, vfma(neg_slope, dist, vload(s + j)));
-  }
+  V d = V{};
+  for (int lane = 0; lane < L; ++lane) d[lane] = T(off + lane);
+  const V pos_slope = V{} + slope, neg_slope = V{} - slope;
+  V best = V{} - T(__builtin_inf());
+  int64_t j = 0;
+  auto step = [&](V factor, V dist) {
+    const V x = vfma(factor, dist, vload(s + j));
+    vstore(s + j, x);
+    best = x > best ? x : best;
+    d += T(L);
+    j += L;
+  };
+  while (j < ncols && off + j + L - 1 <= 0) step(pos_slope, d);   // every lane d <= 0
+  while (j < ncols && off + j < 0) step(neg_slope, vmax(d, -d));  // straddles d = 0
+  while (j < ncols) step(neg_slope, d);                           // every lane d >= 0
+  return best;
 }
 
 // Folds a sink logit into a row's final softmax state (running max *m, sum *l of e^(s - m)

@@ -133,18 +133,22 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
       for (int64_t j = 0; j < w; j += L)
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
-    if (row.slope) alibi_row(*row.slope, kb - row.diag, w, s);
     mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
-    // Keys past jhi keep the -inf the task wrote.
-    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
 
     // Row max; NaN is left to the exp2 pass to propagate, except in a row whose other
-    // scores are all masked, which must give NaN rather than "nothing attended".
+    // scores are all masked, which must give NaN rather than "nothing attended". ALiBi
+    // joins this pass (masked keys stay -inf), saving a pass over the row.
     V vmax = V{} + kNegInf;
-    for (int64_t j = 0; j < w; j += L) {
-      const V x = vload(s + j);
-      vmax = x > vmax ? x : vmax;
+    if (row.slope) {
+      vmax = alibi_row_max(*row.slope, kb - row.diag, w, s);
+    } else {
+      for (int64_t j = 0; j < w; j += L) {
+        const V x = vload(s + j);
+        vmax = x > vmax ? x : vmax;
+      }
     }
+    // Keys past jhi keep the -inf the task wrote.
+    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
     T mx = reduce_max<T>(vmax);
     if (mx == kNegInf)
       for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
