@@ -24,6 +24,7 @@ from fastattn._prepare import (
     contiguous,
     extra,
     finish,
+    head_values,
     item_aligned,
     kernel_ready,
     pack,
@@ -39,6 +40,7 @@ from fastattn._validation import (
     check_out,
     masked_softmax_args,
     regression_args,
+    set_family_sinks,
 )
 
 if TYPE_CHECKING:
@@ -150,6 +152,7 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     bool_mask, float_mask, lens = attention_masks(args)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
+    sink_view, _ = head_values(args)
 
     left, right = args.window
     _core.additive(
@@ -172,6 +175,7 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
         top_k=k_keep,
         hardmax=hardmax,
         num_threads=threads,
+        sinks=sink_view,
     )
 
     return attention_result(args, out, result, in_place, None, weights)
@@ -363,6 +367,7 @@ def attention(
     is_causal: bool = False,
     causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
     window: tuple[int | None, int | None] | None = None,
+    sinks: ArrayLike | None = None,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
@@ -392,6 +397,10 @@ def attention(
         (ties at the k-th place keep the first keys), the rest weight 0.
     top_k : int >= 1
         Keys kept per row by ``normalize="topk"`` (required there, refused elsewhere).
+    sinks : array_like of float, optional
+        With ``normalize="softmax"``: one sink logit per query head, as in
+        :func:`fastattn.scaled_dot_product_attention` (an extra key of value zero in each
+        row's denominator). Not with ``score="gaussian"``.
     return_weights : bool, default False
         Also return the weights, shape ``(..., Hq, Lq, Lk)``.
     out : ndarray, optional
@@ -432,7 +441,12 @@ def attention(
     array([[0.731, 0.269, 0.   ],
            [0.   , 0.5  , 0.5  ]])
     """
-    if _dispatch.backend(query, key, value, attn_mask, valid_lens, out) == "dask":
+    if _dispatch.backend(query, key, value, attn_mask, valid_lens, out, sinks) == "dask":
+        if sinks is not None:
+            raise NotImplementedError(
+                "sinks is not supported on Dask arrays (the Dask path has no sinks): "
+                "pass NumPy arrays"
+            )
         from fastattn import _dask  # a lazy graph whose blocks come back here
 
         return _dask.attention(
@@ -478,6 +492,7 @@ def attention(
         causal_alignment=causal_alignment,
         window=window,
     )
+    set_family_sinks(spec, sinks)
     args = spec.args
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
@@ -527,6 +542,7 @@ def attention(
             window_left=left,
             window_right=right,
             num_threads=threads,
+            sinks=head_values(args)[0],
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
         _core.select(

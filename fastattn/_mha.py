@@ -197,6 +197,10 @@ class MultiHeadAttention:
         Give all four projections a bias.
     dtype : float16, float32 (default) or float64
         Dtype of the weights; inputs are converted to it and outputs have it.
+    use_sinks : bool, default False
+        Give the layer attention sinks: a learned logit per query head, ``sinks``
+        ``(num_heads,)``, zero-initialised, joining each row's softmax denominator
+        (see ``scaled_dot_product_attention(..., sinks=)``).
     seed : int, numpy.random.Generator or None
         Initialisation like ``torch.nn.MultiheadAttention``: in-projections Xavier-uniform
         (one packed ``(3E, E)`` draw when kdim == vdim == embed_dim and there is no GQA, as
@@ -209,6 +213,8 @@ class MultiHeadAttention:
         ``.weight`` ``(out_features, in_features)`` and ``.bias`` ``(out_features,)`` or
         None, NumPy arrays: ``q_proj`` ``(E, E)``, ``k_proj`` ``(Hkv * D, kdim)``,
         ``v_proj`` ``(Hkv * D, vdim)``, ``out_proj`` ``(E, E)``.
+    sinks : ndarray ``(num_heads,)`` or None
+        The per-head sink logits when ``use_sinks`` (settable), else None.
 
     Calling the layer: see :meth:`__call__`. Loading PyTorch weights: :meth:`from_torch`.
     Incremental decoding: :meth:`new_kv_cache`.
@@ -243,6 +249,7 @@ class MultiHeadAttention:
         bias: bool = True,
         dtype: DTypeLike = np.float32,
         seed: int | np.random.Generator | None = None,
+        use_sinks: bool = False,
     ) -> None:
         self.embed_dim = check_size(embed_dim, "embed_dim")
         self.num_heads = check_size(num_heads, "num_heads")
@@ -279,6 +286,20 @@ class MultiHeadAttention:
         self.k_proj = Projection("k_proj", wk, zeros(kv), dt)
         self.v_proj = Projection("v_proj", wv, zeros(kv), dt)
         self.out_proj = Projection("out_proj", wo, zeros(e), dt)
+        # Drawn after the projections, so use_sinks leaves their initialisation unchanged.
+        self._sinks = np.zeros(self.num_heads, dt) if check_flag(use_sinks, "use_sinks") else None
+
+    @property
+    def sinks(self) -> np.ndarray | None:
+        return self._sinks
+
+    @sinks.setter
+    def sinks(self, value: ArrayLike) -> None:
+        if self._sinks is None:
+            raise ValueError("this layer has no sinks: construct it with use_sinks=True")
+        self._sinks = check_parameter(value, "sinks", (self.num_heads,), " (num_heads,)").astype(
+            self.dtype
+        )
 
     @property
     def _packs_like_torch(self) -> bool:
@@ -289,7 +310,8 @@ class MultiHeadAttention:
         return (
             f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
-            f"bias={self.bias}, dtype={self.dtype})"
+            f"bias={self.bias}, dtype={self.dtype}"
+            + (", use_sinks=True)" if self._sinks is not None else ")")
         )
 
     def __call__(
@@ -346,6 +368,11 @@ class MultiHeadAttention:
         ``(out, weights)`` when ``need_weights``.
         """
         if _dispatch.backend(query, key, value, attn_mask, valid_lens) == "dask":
+            if self._sinks is not None:
+                raise NotImplementedError(
+                    "a layer with sinks (use_sinks=True) is not supported on Dask arrays (the "
+                    "Dask path has no sinks): pass NumPy arrays"
+                )
             from fastattn import _dask  # a lazy graph: projections and attention per block
 
             return _dask.multihead_attention(
@@ -428,6 +455,7 @@ class MultiHeadAttention:
                 valid_lens=vl,
                 is_causal=causal,
                 causal_alignment=alignment,
+                sinks=self._sinks,
                 num_threads=num_threads,
             )
         else:
@@ -441,6 +469,7 @@ class MultiHeadAttention:
                 valid_lens=vl,
                 is_causal=causal,
                 causal_alignment=alignment,
+                sinks=self._sinks,
                 return_weights=want_weights,
                 out=merged.swapaxes(1, 2),
                 num_threads=num_threads,
@@ -484,7 +513,8 @@ class MultiHeadAttention:
         """The weights under ``torch.nn.MultiheadAttention``'s state_dict names (NumPy
         arrays, copies): packed ``in_proj_weight`` when kdim == vdim == embed_dim, else
         ``q_proj_weight``/``k_proj_weight``/``v_proj_weight``; ``in_proj_bias`` and
-        ``out_proj.bias`` when the layer has biases. Load it into torch with
+        ``out_proj.bias`` when the layer has biases; ``sinks`` ``(num_heads,)`` when it has
+        sinks (torch's module has none: drop it before loading). Load it into torch with
         ``module.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()})``.
         ``ValueError`` for a GQA/MQA layer, which torch's module cannot express."""
         if self.num_kv_heads != self.num_heads:
@@ -506,11 +536,18 @@ class MultiHeadAttention:
         sd["out_proj.weight"] = self.out_proj.weight.copy()
         if self.bias:
             sd["out_proj.bias"] = self.out_proj.bias.copy()
+        if self._sinks is not None:
+            sd["sinks"] = self._sinks.copy()
         return sd
 
     @classmethod
     def from_torch(
-        cls, state_dict: Mapping[str, Any], num_heads: int, *, dtype: DTypeLike | None = None
+        cls,
+        state_dict: Mapping[str, Any],
+        num_heads: int,
+        *,
+        dtype: DTypeLike | None = None,
+        use_sinks: bool = False,
     ) -> MultiHeadAttention:
         """A layer holding the weights of a ``torch.nn.MultiheadAttention``.
 
@@ -528,6 +565,10 @@ class MultiHeadAttention:
             The module's ``num_heads`` (not recorded in its state_dict).
         dtype : float16, float32 or float64, optional
             Default: the weights' dtype (float32 for a default torch module).
+        use_sinks : bool, default False
+            Give the layer sinks. A ``sinks`` entry ``(num_heads,)`` in the state dict (as
+            models with attention sinks keep them) is loaded and implies it; without one
+            the sinks start at zero.
 
         The layer computes what the module computes with ``batch_first=True`` (dropout
         off). Masks differ in polarity: torch's bool masks mark positions to *ignore*,
@@ -546,6 +587,7 @@ class MultiHeadAttention:
         sd, (wq, wk, wv, wo), has_bias = torch_state_dict(state_dict)
         if dtype is None:
             dtype = np.result_type(*sd.values())
+        sinks = sd.get("sinks")
         layer = cls(
             wo.shape[0],
             num_heads,
@@ -554,7 +596,10 @@ class MultiHeadAttention:
             bias=has_bias,
             dtype=dtype,
             seed=0,
+            use_sinks=check_flag(use_sinks, "use_sinks") or sinks is not None,
         )
+        if sinks is not None:
+            layer.sinks = sinks
         layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight = wq, wk, wv
         layer.out_proj.weight = wo
         if has_bias:

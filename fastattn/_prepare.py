@@ -99,6 +99,20 @@ def attention_masks(args: SdpaArgs):
     return bool_mask, float_mask, lens
 
 
+def head_values(args: SdpaArgs):
+    """(sinks, ALiBi slopes) of a checked attention call as the kernels read them: the
+    compute dtype, broadcast to ``batch + (Hq,)`` (zero-copy views), None where not given."""
+    heads = args.full_out_shape[:-2]
+
+    def view(a):
+        if a is None:
+            return None
+        a = item_aligned(a, args.compute_dtype)
+        return np.broadcast_to(with_leading_axes(a, len(heads)), heads)
+
+    return view(args.sinks), view(args.alibi_slopes)
+
+
 def softmax_masks(args: SoftmaxArgs):
     """(mask broadcast to x's shape, valid_lens broadcast to the rows' shape), or None."""
     mask = None if args.mask is None else np.broadcast_to(args.mask, args.x.shape)

@@ -16,6 +16,7 @@ from fastattn._prepare import (
     attention_masks,
     attention_result,
     finish,
+    head_values,
     item_aligned,
     kernel_ready,
     result_buffer,
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
 # The fast path (csrc/bindings/register_sdpa.cpp: sdpa_fast) takes the common call:
-# NumPy arrays of one float dtype, no masks, out= or extra results. It shares the core's
+# NumPy arrays of one float dtype, no masks, out= or extra results; sinks / ALiBi slopes
+# of shape (Hq,) in that dtype. It shares the core's
 # entry check with the full path below and declines (returns None) anything that check
 # or its argument forms do not accept, so every error comes from the full path.
 # FASTATTN_FAST_PATH=0 turns it off (the tests run both paths).
@@ -48,6 +50,8 @@ def scaled_dot_product_attention(
     window: tuple[int | None, int | None] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
     return_lse: bool = False,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
@@ -84,6 +88,17 @@ def scaled_dot_product_attention(
     scale : float, default ``1 / sqrt(E)``
     softcap : float > 0, optional
         Scores become ``softcap * tanh(score / softcap)`` after scaling, before masks.
+    sinks : array_like of float, optional
+        Attention sinks: one logit per query head, shape ``(Hq,)`` or broadcastable to the
+        score rows' leading shape ``(..., Hq)``. It joins the softmax denominator of every
+        row of its head as an extra key whose value is zero, used as given (not scaled,
+        soft-capped or masked): the weights sum to less than 1, ``lse`` includes it, and a
+        row that may attend no key returns zeros with ``lse = sink``.
+    alibi_slopes : array_like of float, optional
+        ALiBi: one slope per query head, shapes as ``sinks``. Adds
+        ``-slope * |j - (i + d)|`` to the scaled, soft-capped scores (with the float
+        mask), ``d`` the causal alignment's diagonal offset (0 top-left, ``Lk - Lq``
+        bottom-right). No bias matrix is formed.
     return_lse, return_weights : bool
         Also return the log-sum-exp of each score row, shape ``(..., Hq, Lq)`` (in the
         compute dtype: float32 for float16 inputs), and/or the attention weights, shape
@@ -98,7 +113,8 @@ def scaled_dot_product_attention(
     while computing.
 
     CuPy arrays are computed on the GPU (a flash-style CUDA kernel, same semantics) and
-    give CuPy arrays; every array argument must then be a CuPy array.
+    give CuPy arrays; every array argument must then be a CuPy array. ``sinks`` and
+    ``alibi_slopes`` are CPU-only: on CuPy arrays they raise ``NotImplementedError``.
 
     Dask arrays give lazy Dask arrays (``out=`` excepted): one task per chunk, the key
     length may be chunked too (partial states merged exactly); see the "Dask arrays"
@@ -137,10 +153,18 @@ def scaled_dot_product_attention(
             return_weights=return_weights,
             out=out,
             num_threads=num_threads,
+            sinks=sinks,
+            alibi_slopes=alibi_slopes,
         )
         if result is not None:
             return result
-    kind = _dispatch.backend(query, key, value, attn_mask, valid_lens, out)
+    kind = _dispatch.backend(query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes)
+    if kind is not None and (sinks is not None or alibi_slopes is not None):
+        name = "sinks" if sinks is not None else "alibi_slopes"
+        where = "CuPy arrays (the CUDA kernel has no" if kind == "cupy" else "Dask arrays (the Dask path has no"
+        raise NotImplementedError(
+            f"{name} is not supported on {where} {name}): pass NumPy arrays"
+        )
     if kind == "dask":  # a lazy graph whose blocks come back here
         from fastattn import _dask
 
@@ -188,6 +212,8 @@ def scaled_dot_product_attention(
         window,
         scale,
         softcap,
+        sinks,
+        alibi_slopes,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
@@ -203,6 +229,8 @@ def scaled_dot_product_attention(
                 "value": value,
                 "attn_mask": attn_mask,
                 "valid_lens": valid_lens,
+                "sinks": sinks,
+                "alibi_slopes": alibi_slopes,
             },
         )
 
@@ -218,6 +246,7 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
     k = to_batch(kernel_ready(args.key, dtype), batch)
     v = to_batch(kernel_ready(args.value, dtype), batch)
     bool_mask, float_mask, lens = attention_masks(args)
+    sink_view, alibi_view = head_values(args)
     result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
 
     left, right = args.window
@@ -238,6 +267,8 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
         window_left=left,
         window_right=right,
         num_threads=threads,
+        sinks=sink_view,
+        alibi_slopes=alibi_view,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

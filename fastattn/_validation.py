@@ -279,6 +279,9 @@ class SdpaArgs:
     is_causal: bool
     diag_offset: int
     window: tuple[int, int]  # -1 = unbounded
+    # Per query head (check_head_values): the sink logits and ALiBi slopes, or None.
+    sinks: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
 
     @property
     def full_scores_shape(self) -> tuple:
@@ -382,11 +385,27 @@ def _check_scale(scale: object, args: SdpaArgs) -> float:
 
 
 def sdpa_args(
-    query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, scale, softcap
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    is_causal,
+    causal_alignment,
+    window,
+    scale,
+    softcap,
+    sinks=None,
+    alibi_slopes=None,
 ) -> SdpaArgs:
     args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window)
     args.scale = _check_scale(scale, args)
     args.softcap = _check_softcap(softcap, args.compute_dtype)
+    heads = args.full_out_shape[:-2]
+    if sinks is not None:
+        args.sinks = check_head_values(sinks, "sinks", heads)
+    if alibi_slopes is not None:
+        args.alibi_slopes = check_head_values(alibi_slopes, "alibi_slopes", heads)
     return args
 
 
@@ -516,6 +535,50 @@ def varlen_args(
     args.scale = _check_scale(scale, args)
     args.softcap = _check_softcap(softcap, compute)
     return args
+
+
+def set_family_sinks(spec, sinks: object) -> None:
+    """attention(..., sinks=): the softmax normaliser only, and not the gaussian score (its
+    kernels drop the per-row term ``-||q||^2 / (2 h^2)``, which a sink does not cancel);
+    stored on ``spec.args``."""
+    if sinks is None:
+        return
+    if spec.normalize != "softmax":
+        raise ValueError(
+            'sinks need normalize="softmax" (they join the softmax denominator), '
+            f"got normalize={spec.normalize!r}"
+        )
+    if spec.score == "gaussian":
+        raise ValueError(
+            'sinks are not supported with score="gaussian" (use another score, or '
+            "nadaraya_watson without sinks)"
+        )
+    args = spec.args
+    args.sinks = check_head_values(sinks, "sinks", args.full_out_shape[:-2])
+
+
+def check_head_values(values: object, name: str, heads_shape: tuple) -> np.ndarray:
+    """One float per query head (sinks, ALiBi slopes): shape ``(Hq,)`` or any shape that
+    broadcasts to the score rows' leading shape ``heads_shape = (..., Hq)``."""
+    a = np.asarray(values)
+    if a.dtype.kind != "f" or a.dtype.newbyteorder("=") not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating-point array (float16, float32 or float64), "
+            f"got dtype {a.dtype}"
+        )
+    fits = 1 <= a.ndim <= len(heads_shape)
+    if fits:
+        try:
+            fits = np.broadcast_shapes(a.shape, heads_shape) == heads_shape
+        except ValueError:
+            fits = False
+    if not fits:
+        raise ValueError(
+            f"{name} must have one value per query head: shape ({heads_shape[-1]},) or a shape "
+            f"that broadcasts to the score rows' leading shape (..., Hq) = {heads_shape}, "
+            f"got shape {a.shape}"
+        )
+    return a
 
 
 @dataclass
@@ -1171,6 +1234,7 @@ _TORCH_KEYS = (
     "in_proj_bias",
     "out_proj.weight",
     "out_proj.bias",
+    "sinks",  # attention sinks, one logit per head (not torch's; MultiHeadAttention's)
 )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._compute import average_heads, split_heads, unit_rows
-from fastattn._prepare import attention_masks, softmax_masks, to_batch
+from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch
 from fastattn._validation import (
     additive_args,
     attention_spec,
@@ -30,6 +30,7 @@ from fastattn._validation import (
     regression_args,
     result_dtypes,
     sdpa_args,
+    set_family_sinks,
     varlen_args,
 )
 
@@ -85,6 +86,36 @@ def _softmax_rows(scores: np.ndarray, allowed: np.ndarray):
     return weights, lse
 
 
+def _softmax_rows_sink(scores: np.ndarray, allowed: np.ndarray, sinks: np.ndarray):
+    """The masked softmax with a sink logit per row (``sinks`` broadcast to the rows' shape)
+    as one more key of value 0: (weights over the keys, lse over keys and sink). A row with
+    no visible key gets weights 0 and lse = sink (-inf: no sink)."""
+    s = np.where(allowed, scores, -np.inf)
+    sink = np.broadcast_to(sinks, s.shape[:-1])[..., None].astype(np.float64)
+    key_max = (
+        s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf)
+    )
+    row_max = np.fmax(key_max, sink)  # fmax: a NaN score or sink still gives NaN below
+    nothing = row_max == -np.inf
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        shift = np.where(nothing, 0.0, row_max)
+        nan = np.isnan(key_max) | np.isnan(sink)
+        p = np.exp(s - shift)
+        total = p.sum(axis=-1, keepdims=True) + np.exp(sink - shift)
+        weights = np.where(nothing, 0.0, p / total)
+        lse = np.where(nothing, -np.inf, shift + np.log(total))
+        weights = np.where(nan, np.nan, weights)
+        lse = np.where(nan, np.nan, lse)
+    return weights, lse[..., 0]
+
+
+def _alibi_bias(slopes: np.ndarray, num_q: int, num_k: int, diag_offset: int) -> np.ndarray:
+    """-slope * |j - (i + diag_offset)| for (..., Hq) slopes: shape (..., Hq, Lq, Lk)."""
+    i = np.arange(num_q)[:, None] + diag_offset
+    j = np.arange(num_k)[None, :]
+    return -slopes.astype(np.float64)[..., None, None] * np.abs(j - i)
+
+
 def scaled_dot_product_attention(
     query: ArrayLike,
     key: ArrayLike,
@@ -97,6 +128,8 @@ def scaled_dot_product_attention(
     window: tuple[int | None, int | None] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
     return_lse: bool = False,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
@@ -123,6 +156,8 @@ def scaled_dot_product_attention(
         window,
         scale,
         softcap,
+        sinks,
+        alibi_slopes,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
@@ -149,9 +184,15 @@ def scaled_dot_product_attention(
             scores = args.softcap * np.tanh(scores / args.softcap)
         if float_mask is not None:
             scores = scores + float_mask.astype(np.float64)
+        sink_view, slopes = head_values(args)
+        if slopes is not None:
+            scores = scores + _alibi_bias(slopes, q.shape[-2], k.shape[-2], args.diag_offset)
 
-    weights, lse = _softmax_rows(scores, _allowed(args, q.shape[-2], k.shape[-2]))
+    allowed = _allowed(args, q.shape[-2], k.shape[-2])
+    weights, lse = _sink_softmax(scores, allowed, sink_view)
     output = _weighted_values(weights, v)  # keys a row does not attend never reach it
+    if sink_view is not None:  # a row with no visible key returns 0, whatever its sink
+        output = np.where(allowed.any(axis=-1)[..., None], output, 0.0)
 
     output = output.reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
@@ -341,6 +382,7 @@ def multi_head_attention(
     causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
     need_weights: bool = False,
     average_attn_weights: bool = True,
+    sinks: ArrayLike | None = None,
 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], NDArray[np.floating]]:
     """NumPy twin of :class:`fastattn.MultiHeadAttention`, as a function (float64 inside).
 
@@ -351,8 +393,8 @@ def multi_head_attention(
     ``torch.nn.Linear`` layout: ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``,
     ``v_weight (Hkv * D, vdim)``, ``out_weight (E, E)`` with ``D = E // num_heads``
     (``Hkv < num_heads`` is grouped-query attention). ``causal_alignment="bottom_right"``
-    is what the layer does with a KV cache. The result has the inputs' and weights'
-    promoted dtype.
+    is what the layer does with a KV cache. ``sinks`` ``(num_heads,)``: the layer's sink
+    logits (``use_sinks=True``). The result has the inputs' and weights' promoted dtype.
 
     >>> import numpy as np
     >>> from fastattn import reference
@@ -394,6 +436,7 @@ def multi_head_attention(
         valid_lens=vl,
         is_causal=is_causal,
         causal_alignment=causal_alignment,
+        sinks=sinks,
         return_weights=want_weights,
     )
     heads, weights = attended if want_weights else (attended, None)
@@ -410,6 +453,14 @@ def multi_head_attention(
 
 # --------------------------------------------------------------------------------------
 # The attention family
+
+
+def _sink_softmax(scores: np.ndarray, allowed: np.ndarray, sinks: np.ndarray | None):
+    """The row softmax (weights, lse), with the rows' sink logits when ``sinks`` (batch...,
+    Hq) is given."""
+    if sinks is None:
+        return _softmax_rows(scores, allowed)
+    return _softmax_rows_sink(scores, allowed, sinks[..., None])
 
 
 def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
@@ -478,8 +529,15 @@ def _family_result(args, scores, normalize, top_k, v, want_weights, out):
     if float_mask is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             scores = scores + float_mask.astype(np.float64)
-    weights = _normalize_rows(scores, _allowed(args, num_q, num_k), normalize, top_k)
-    output = _weighted_values(weights, v).reshape(args.out_shape).astype(args.result_dtype)
+    allowed = _allowed(args, num_q, num_k)
+    sink_view, _ = head_values(args)
+    if sink_view is None:
+        weights = _normalize_rows(scores, allowed, normalize, top_k)
+        output = _weighted_values(weights, v)
+    else:  # softmax only (checked)
+        weights = _softmax_rows_sink(scores, allowed, sink_view[..., None])[0]
+        output = np.where(allowed.any(axis=-1)[..., None], _weighted_values(weights, v), 0.0)
+    output = output.reshape(args.out_shape).astype(args.result_dtype)
     if out is not None:
         np.copyto(out, output)
         output = out
@@ -569,6 +627,7 @@ def attention(
     is_causal: bool = False,
     causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
     window: tuple[int | None, int | None] | None = None,
+    sinks: ArrayLike | None = None,
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
@@ -604,6 +663,7 @@ def attention(
         causal_alignment=causal_alignment,
         window=window,
     )
+    set_family_sinks(spec, sinks)
     args = spec.args
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)

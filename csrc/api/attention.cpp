@@ -132,6 +132,21 @@ void check_attention(const AttnCall& c, const char* fn, const char* dims_differ,
     check_scores_shape(c.lse, "lse", 2);
     p.lse = c.lse.data;
   }
+  // Per-head values (sinks, ALiBi slopes): (batch..., Hq) in the query's dtype.
+  auto head_values = [&](const ArrayRef& a, const char* name) {
+    require(a.kind == 'f' && a.itemsize == itemsize, fn, name, " must have the query's dtype");
+    require(a.ndim() == bn + 1, fn, name, " has the wrong number of dimensions");
+    for (int64_t d = 0; d < bn; ++d)
+      require(a.shape[d] == c.query.shape[d], fn, name, " batch dims differ");
+    require(a.shape[bn] == p.num_heads_q, fn, name, " has the wrong shape");
+    StridedView v;
+    v.data = a.data;
+    for (int64_t d = 0; d < bn; ++d) v.batch_stride[d] = element_stride(a, d, fn, name);
+    v.head_stride = element_stride(a, bn, fn, name);
+    return v;
+  };
+  if (c.sinks.present()) p.sinks = head_values(c.sinks, "sinks");
+  if (c.alibi.present()) p.alibi = head_values(c.alibi, "alibi_slopes");
   require(c.num_threads >= 1, fn, "num_threads must be >= 1");
   require(c.window_left >= -1 && c.window_right >= -1, fn, "window sides must be >= -1");
   p.scale = c.scale;

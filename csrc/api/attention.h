@@ -14,9 +14,11 @@ namespace fastattn {
 
 // query/key/value/out: (batch..., H, L, D) with equal batch dims (broadcast views are fine).
 // Masks: (batch..., Hq, Lq, Lk); valid_lens: (batch..., Hq, Lq) int64; lse (batch..., Hq,
-// Lq) and weights (batch..., Hq, Lq, Lk) C-contiguous. Absent arrays are not given.
+// Lq) and weights (batch..., Hq, Lq, Lk) C-contiguous; sinks and ALiBi slopes (batch...,
+// Hq). Absent arrays are not given.
 struct AttnCall {
   ArrayRef query, key, value, out, bool_mask, float_mask, valid_lens, lse, weights;
+  ArrayRef sinks, alibi;  // (batch..., Hq) in the query's dtype (broadcast views are fine)
   double scale = 1.0;
   bool causal = false;
   int64_t diag_offset = 0;

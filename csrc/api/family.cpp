@@ -19,6 +19,7 @@ void require_float(const ArrayRef& a, int64_t itemsize, const char* fn, const ch
 FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) {
   FamilyParams p;
   check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p);
+  require(!c.alibi.present(), fn, "ALiBi slopes are an option of sdpa only");
   return p;
 }
 
@@ -26,6 +27,8 @@ void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
   require(c.normalizer == int(Normalizer::kSoftmax) || c.normalizer == int(Normalizer::kSelect), fn,
           "normalizer must be softmax (0) or select (1)");
   p.normalizer = Normalizer(c.normalizer);
+  require(!c.sinks.present() || p.normalizer == Normalizer::kSoftmax, fn,
+          "sinks need the softmax normalizer");
   require(c.top_k >= 1, fn, "top_k must be >= 1");
   require(!c.hardmax || c.top_k == 1, fn, "hardmax keeps one key (top_k == 1)");
   p.top_k = c.top_k;

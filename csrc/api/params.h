@@ -41,6 +41,11 @@ struct AttnParams {
   StridedView bool_mask;   // uint8 (NumPy bool), 1 = may attend; data null if absent
   StridedView float_mask;  // same dtype as q; added to the scores; null if absent
   StridedView valid_lens;  // int64 per score row (col_stride unused); null if absent
+  // One value per (batch..., query head) in q's dtype (batch strides and head_stride; null
+  // if absent): sinks, a logit joining each row's softmax denominator as a key of value 0
+  // (not scaled, capped or masked); alibi, a slope adding -slope * |j - (i + diag_offset)|
+  // to the scores (with the float mask).
+  StridedView sinks, alibi;
 
   // Optional outputs, C-contiguous: lse (batch..., Hq, Lq), weights (batch..., Hq, Lq, Lk).
   void* lse = nullptr;

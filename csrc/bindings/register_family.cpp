@@ -62,10 +62,11 @@ void register_family(py::module_& m) {
          const py::object& valid_lens, const py::object& weights, const py::object& w_q,
          const py::object& w_k, const py::object& w_v, bool causal, int64_t diag_offset,
          int64_t window_left, int64_t window_right, int normalizer, int64_t top_k, bool hardmax,
-         int num_threads) {
+         int num_threads, const py::object& sinks) {
         FamilyCall call =
             family_call(query, key, value, out, bool_mask, float_mask, valid_lens, weights, causal,
                         diag_offset, window_left, window_right, num_threads);
+        call.sinks = array_ref(sinks, "sinks");
         call.w_q = array_ref(w_q, "w_q");
         call.w_k = array_ref(w_k, "w_k");
         call.w_v = array_ref(w_v, "w_v");
@@ -79,7 +80,7 @@ void register_family(py::module_& m) {
       py::arg("float_mask"), py::arg("valid_lens"), py::arg("weights"), py::arg("w_q"),
       py::arg("w_k"), py::arg("w_v"), py::arg("causal"), py::arg("diag_offset"),
       py::arg("window_left"), py::arg("window_right"), py::arg("normalizer"), py::arg("top_k"),
-      py::arg("hardmax"), py::arg("num_threads"),
+      py::arg("hardmax"), py::arg("num_threads"), py::arg("sinks") = py::none(),
       "Blocked additive attention on validated, broadcast arrays.");
 
   m.def(

@@ -117,11 +117,26 @@ enum FastArg {
   kReturnWeights,
   kOut,
   kNumThreads,
+  kSinks,
+  kAlibiSlopes,
   kNumFastArgs
 };
-constexpr const char* kFastArgNames[kNumFastArgs] = {
-    "query",  "key",   "value",   "attn_mask",  "valid_lens",     "is_causal", "causal_alignment",
-    "window", "scale", "softcap", "return_lse", "return_weights", "out",       "num_threads"};
+constexpr const char* kFastArgNames[kNumFastArgs] = {"query",
+                                                     "key",
+                                                     "value",
+                                                     "attn_mask",
+                                                     "valid_lens",
+                                                     "is_causal",
+                                                     "causal_alignment",
+                                                     "window",
+                                                     "scale",
+                                                     "softcap",
+                                                     "return_lse",
+                                                     "return_weights",
+                                                     "out",
+                                                     "num_threads",
+                                                     "sinks",
+                                                     "alibi_slopes"};
 
 // The keyword names of the last call and where each goes: the caller passes the same
 // constant tuple every time, so the names are matched once.
@@ -186,6 +201,25 @@ bool fast_call(PyObject** slot, SdpaCall* call, int64_t* diag_from_len, double* 
   call->num_threads = threads;
   for (int i : {kQuery, kKey, kValue})
     if (Py_TYPE(slot[i]) != reinterpret_cast<PyTypeObject*>(g_ndarray)) return false;
+  for (int i : {kSinks, kAlibiSlopes})
+    if (slot[i] != Py_None && Py_TYPE(slot[i]) != reinterpret_cast<PyTypeObject*>(g_ndarray))
+      return false;
+  return true;
+}
+
+// A per-head option (sinks, ALiBi slopes) given as shape (Hq,), as the kernel reads it:
+// (batch..., Hq) with stride-0 batch dims; false (decline) for any other shape (Python
+// broadcasts those). Its dtype is check_attention's.
+bool head_option(PyObject* obj, const char* name, const std::vector<py::ssize_t>& out_shape,
+                 ArrayRef* ref) {
+  if (obj == Py_None) return true;
+  *ref = array_ref(py::reinterpret_borrow<py::object>(obj), name);
+  const size_t bn = out_shape.size() - 3;
+  if (ref->ndim() != 1 || ref->shape[0] != out_shape[bn]) return false;
+  const int64_t stride = ref->strides[0];
+  ref->shape.assign(out_shape.begin(), out_shape.begin() + int64_t(bn) + 1);
+  ref->strides.assign(bn + 1, 0);
+  ref->strides[bn] = stride;
   return true;
 }
 
@@ -226,6 +260,9 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
     const int64_t e = call.query.shape[nd - 1];
     if (default_scale) call.scale = e > 0 ? 1.0 / std::sqrt(double(e)) : 0.0;
     if (bottom_right) call.diag_offset = call.key.shape[nd - 2] - call.query.shape[nd - 2];
+    if (!head_option(slot[kSinks], "sinks", out_shape, &call.sinks) ||
+        !head_option(slot[kAlibiSlopes], "alibi_slopes", out_shape, &call.alibi))
+      Py_RETURN_NONE;
     py::array out(py::reinterpret_borrow<py::array>(slot[kQuery]).dtype(), out_shape);
     call.out = array_ref(out, "out");
     {
@@ -249,7 +286,8 @@ void register_sdpa(py::module_& m) {
          const py::object& out, const py::object& bool_mask, const py::object& float_mask,
          const py::object& valid_lens, const py::object& lse, const py::object& weights,
          double scale, double softcap, bool causal, int64_t diag_offset, int64_t window_left,
-         int64_t window_right, int num_threads) {
+         int64_t window_right, int num_threads, const py::object& sinks,
+         const py::object& alibi_slopes) {
         SdpaCall call;
         call.query = array_ref(query, "query");
         call.key = array_ref(key, "key");
@@ -260,6 +298,8 @@ void register_sdpa(py::module_& m) {
         call.valid_lens = array_ref(valid_lens, "valid_lens");
         call.lse = array_ref(lse, "lse");
         call.weights = array_ref(weights, "weights");
+        call.sinks = array_ref(sinks, "sinks");
+        call.alibi = array_ref(alibi_slopes, "alibi_slopes");
         call.scale = scale;
         call.softcap = softcap;
         call.causal = causal;
@@ -275,6 +315,7 @@ void register_sdpa(py::module_& m) {
       py::arg("float_mask"), py::arg("valid_lens"), py::arg("lse"), py::arg("weights"),
       py::arg("scale"), py::arg("softcap"), py::arg("causal"), py::arg("diag_offset"),
       py::arg("window_left"), py::arg("window_right"), py::arg("num_threads"),
+      py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none(),
       "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).");
 
   m.def(

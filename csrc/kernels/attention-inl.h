@@ -97,6 +97,9 @@ struct RowRef {
   T* weights;            // weights row (len_k, contiguous) or null
   T* lse;                // lse element or null
   int64_t lo, hi;        // visible keys [lo, hi), clipped to the task's key range
+  const T* sink;         // the head's sink logit or null
+  const T* slope;        // the head's ALiBi slope or null
+  int64_t diag;          // i + diag_offset: the key at ALiBi distance 0
 };
 
 // A task's batch entry (coordinates) and kv head (k, v).
@@ -137,6 +140,12 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
                                ? static_cast<const int64_t*>(p.valid_lens.data) +
                                      batch_offset(p.valid_lens.batch_stride, coord, bn)
                                : nullptr;
+  const T* sinks_b = p.sinks.data ? static_cast<const T*>(p.sinks.data) +
+                                        batch_offset(p.sinks.batch_stride, coord, bn)
+                                  : nullptr;
+  const T* alibi_b = p.alibi.data ? static_cast<const T*>(p.alibi.data) +
+                                        batch_offset(p.alibi.batch_stride, coord, bn)
+                                  : nullptr;
   int64_t lo_all = key_end, hi_all = key_begin;
   for (int64_t r = 0; r < c.heads * c.nq; ++r) {
     const int64_t h = c.h0 + r / c.nq, i = c.i0 + r % c.nq;
@@ -150,6 +159,9 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     const int64_t flat_row = (c.b * p.num_heads_q + h) * p.len_q + i;
     row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
     row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * p.len_k : nullptr;
+    row.sink = sinks_b ? sinks_b + h * p.sinks.head_stride : nullptr;
+    row.slope = alibi_b ? alibi_b + h * p.alibi.head_stride : nullptr;
+    row.diag = i + p.diag_offset;
     const int64_t vl =
         vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : p.len_k;
     int64_t lo, hi;

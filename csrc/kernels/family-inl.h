@@ -22,6 +22,7 @@
 #include "api/params.h"
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
+#include "kernels/row_bias-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -308,11 +309,13 @@ struct OnlineSoftmax {
       const RowRef<T>& row = t.rows[r];
       T* o = row.out;
       const bool is_empty = m[r] == neg_inf<T>();
-      const T inv = is_empty ? T(0) : T(1) / l[r];
+      T alpha = T(1);  // a sink joins the sum as a key of value 0 (see row_bias-inl.h)
+      if (row.sink) fold_sink(*row.sink, &m[r], &l[r], &alpha);
+      const T inv = is_empty ? T(0) : alpha / l[r];  // alpha = 1 without a sink: 1 / l exactly
       const T* a = acc + r * p.dim_v;
       for (int64_t c = 0; c < p.dim_v; ++c) o[c] = is_empty ? empty : a[c] * inv;
-      // A NaN row (a NaN or +inf score, or a NaN `empty`) has NaN weights throughout, as
-      // the other kernels and the reference give them.
+      // A NaN row (a NaN or +inf score, a NaN sink, or a NaN `empty`) has NaN weights
+      // throughout, as the other kernels and the reference give them.
       const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);
       if (row.weights && nan_row) {
         T* w = row.weights;

@@ -22,6 +22,7 @@
 #include "api/params.h"
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
+#include "kernels/row_bias-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -133,16 +134,21 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
         vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
     mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
-    // Keys past jhi keep the -inf the task wrote.
-    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
 
     // Row max; NaN is left to the exp2 pass to propagate, except in a row whose other
-    // scores are all masked, which must give NaN rather than "nothing attended".
+    // scores are all masked, which must give NaN rather than "nothing attended". ALiBi
+    // joins this pass (masked keys stay -inf), saving a pass over the row.
     V vmax = V{} + kNegInf;
-    for (int64_t j = 0; j < w; j += L) {
-      const V x = vload(s + j);
-      vmax = x > vmax ? x : vmax;
+    if (row.slope) {
+      vmax = alibi_row_max(*row.slope, kb - row.diag, w, s);
+    } else {
+      for (int64_t j = 0; j < w; j += L) {
+        const V x = vload(s + j);
+        vmax = x > vmax ? x : vmax;
+      }
     }
+    // Keys past jhi keep the -inf the task wrote.
+    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
     T mx = reduce_max<T>(vmax);
     if (mx == kNegInf)
       for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
@@ -286,18 +292,20 @@ struct SdpaEngine {
     }
   }
 
-  // Normalise once; a row that saw no key gets output 0 and lse -inf.
+  // Normalise once (a sink joins the sum first); a row that saw no key gets output 0 and
+  // lse -inf (the sink, if it has one).
   void finish(const TaskView<T>& tv) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     for (int64_t r = 0; r < tv.nrows; ++r) {
       const RowRef<T>& row = tv.rows[r];
-      const T m = sc.m[r];
+      T m = sc.m[r], l = sc.l[r], alpha = T(1);
       const bool empty = (m == -T(__builtin_inf()));
-      const T inv = empty ? T(0) : T(1) / sc.l[r];
+      if (row.sink) fold_sink(*row.sink, &m, &l, &alpha);
+      const T inv = empty ? T(0) : alpha / l;  // alpha = 1 without a sink: 1 / l exactly
       const T* a = sc.acc + r * Eva;
       for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
-      if (row.lse) *row.lse = lse_of(m, sc.l[r]);
-      if (row.weights) finish_weights(row.weights, p.len_k, m, sc.l[r]);
+      if (row.lse) *row.lse = lse_of(m, l);
+      if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
   }
 
@@ -329,7 +337,8 @@ struct SdpaEngine {
       }
       for (int64_t c = 0; c < Ev; ++c) out[c] = T(0);
       T l = 0;
-      if (m != kNegInf) {
+      const bool empty = m == kNegInf;
+      if (!empty) {
         for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
           const T* src = part + sp * split_stride + r * (Ev + 2);
           if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
@@ -337,7 +346,11 @@ struct SdpaEngine {
           l = vfma(w, src[Ev + 1], l);
           for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
         }
-        const T inv = T(1) / l;
+      }
+      T alpha = T(1);  // the sink joins the merged sum, as in finish
+      if (row.sink) fold_sink(*row.sink, &m, &l, &alpha);
+      if (!empty) {
+        const T inv = alpha / l;
         for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
       }
       if (row.lse) *row.lse = lse_of(m, l);
