@@ -161,10 +161,12 @@ def scaled_dot_product_attention(
     kind = _dispatch.backend(query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes)
     if kind is not None and (sinks is not None or alibi_slopes is not None):
         name = "sinks" if sinks is not None else "alibi_slopes"
-        where = "CuPy arrays (the CUDA kernel has no" if kind == "cupy" else "Dask arrays (the Dask path has no"
-        raise NotImplementedError(
-            f"{name} is not supported on {where} {name}): pass NumPy arrays"
+        where = (
+            "CuPy arrays (the CUDA kernel has no"
+            if kind == "cupy"
+            else "Dask arrays (the Dask path has no"
         )
+        raise NotImplementedError(f"{name} is not supported on {where} {name}): pass NumPy arrays")
     if kind == "dask":  # a lazy graph whose blocks come back here
         from fastattn import _dask
 

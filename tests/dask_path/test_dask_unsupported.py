@@ -1,0 +1,38 @@
+"""Options the Dask path does not have are refused by name, never dropped: sinks and
+ALiBi slopes (SDPA), attention(sinks=), a layer built with use_sinks=True."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastattn
+
+da = pytest.importorskip("dask.array")
+
+
+def _qkv():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 16, 8)).astype(np.float32)
+    return (da.from_array(x, chunks=(1, 2, 8, 8)),) * 3
+
+
+@pytest.mark.parametrize("name", ["sinks", "alibi_slopes"])
+def test_sdpa_option_refused(name):
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match=f"{name} is not supported on Dask arrays"):
+        fastattn.scaled_dot_product_attention(q, k, v, **{name: np.ones(4, np.float32)})
+
+
+def test_attention_sinks_refused():
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match="sinks is not supported on Dask arrays"):
+        fastattn.attention(q, k, v, sinks=np.zeros(4, np.float32))
+
+
+def test_layer_with_sinks_refused():
+    layer = fastattn.MultiHeadAttention(8, 2, use_sinks=True, seed=0)
+    x = da.from_array(np.ones((2, 5, 8), np.float32), chunks=(1, 5, 8))
+    with pytest.raises(NotImplementedError, match="use_sinks=True"):
+        layer(x)
+    assert isinstance(layer(np.ones((2, 5, 8), np.float32)), np.ndarray)  # NumPy still runs
