@@ -97,6 +97,9 @@ struct RowRef {
   T* weights;            // weights row (len_k, contiguous) or null
   T* lse;                // lse element or null
   int64_t lo, hi;        // visible keys [lo, hi), clipped to the task's key range
+  // The bool-mask row's chunk bits (mask_summary-inl.h), or null: no summary, or a row
+  // whose visible keys are exactly [lo, hi).
+  const uint64_t* chunks;
 };
 
 // A task's batch entry (coordinates) and kv head (k, v).
@@ -150,6 +153,7 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     const int64_t flat_row = (c.b * p.num_heads_q + h) * p.len_q + i;
     row.lse = p.lse ? static_cast<T*>(p.lse) + flat_row : nullptr;
     row.weights = p.weights ? static_cast<T*>(p.weights) + flat_row * p.len_k : nullptr;
+    row.chunks = nullptr;
     const int64_t vl =
         vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : p.len_k;
     int64_t lo, hi;
