@@ -31,7 +31,7 @@ static_assert(kChunk % kColTile<double> == 0 && kChunk % kColTile<float> == 0,
 
 // Header words of a summary row, then `words` "some visible" chunk words, then `words`
 // "all visible" chunk words (chunk c is bit c % 64 of word c / 64).
-enum : int64_t { kSumFirst = 0, kSumLast = 1, kSumInterval = 2, kSumHeader = 3 };
+enum : int64_t { kSumFirst = 0, kSumLast = 1, kSumInterval = 2, kSumChunky = 3, kSumHeader = 4 };
 
 // The summary of one call's bool mask; rows are found like the mask's own rows (a
 // broadcast axis has stride 0).
@@ -43,59 +43,93 @@ struct MaskSummary {
   int64_t head_stride = 0, row_stride = 0;
 };
 
-// Bit 7 of each byte of the result is set where w has a zero byte (exact, no carries).
-inline uint64_t zero_bytes(uint64_t w) {
+// Whether chunk c is set in a chunk bit set.
+inline bool chunk_bit(const uint64_t* bits, int64_t c) { return (bits[c / 64] >> (c % 64)) & 1; }
+
+// Bit 7 of each byte of the result is set where w has a zero byte (exact, no carries);
+// per 64-bit word, for a word or a Vec<uint64_t> of words.
+template <typename W>
+inline W zero_bytes(W w) {
   constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7fULL;
   return ~(((w & k7f) + k7f) | w | k7f);
 }
 
-// Summarises the mask row m (len keys, column stride cs) into dst (row_words words).
+// Whether m[j * cs] != 0 for every j in [a, b).
+inline bool all_set(const uint8_t* m, int64_t cs, int64_t a, int64_t b) {
+  bool all = true;
+  for (int64_t j = a; j < b; ++j) all = all && m[j * cs] != 0;
+  return all;
+}
+
+// Summarises the mask row m (len keys, column stride cs) into dst (row_words words). The
+// chunk bits take one pass of word ORs and zero-byte tests (which the compiler vectorises);
+// only the first and last chunks that keep a key are then read byte by byte.
 inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
   uint64_t* some = dst + kSumHeader;
   uint64_t* all = some + words;
   std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
-  int64_t first = len, last = 0, count = 0;
+  int64_t first_chunk = -1, last_chunk = -1;
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int64_t n = imin(kChunk, len - c0);
-    int64_t visible = 0, lo = kChunk, hi = -1;
-    if (cs == 1) {
-      int64_t j = 0;
-      for (; j + 8 <= n; j += 8) {
-        uint64_t w;
-        std::memcpy(&w, m + c0 + j, 8);
-        const uint64_t nz = ~zero_bytes(w) & 0x8080808080808080ULL;  // bit 7: byte != 0
-        if (nz) {
-          visible += __builtin_popcountll(nz);
-          lo = imin(lo, j + __builtin_ctzll(nz) / 8);  // little-endian: byte i is bits 8i..
-          hi = j + (63 - __builtin_clzll(nz)) / 8;
-        }
+    bool any, full;
+    if (cs == 1 && n == kChunk) {
+      // Whole vectors of words (Vec<uint64_t>: the widest this ISA has), reduced at the end.
+      using W = Vec<uint64_t>;
+      constexpr int64_t kWordBytes = int64_t(sizeof(W));
+      W ors = W{}, zeros = W{};
+      for (int64_t j = 0; j < kChunk; j += kWordBytes) {
+        W w;
+        std::memcpy(&w, m + c0 + j, sizeof(W));
+        ors |= w;
+        zeros |= zero_bytes(w);
       }
-      for (; j < n; ++j)
-        if (m[c0 + j]) {
-          ++visible;
-          lo = imin(lo, j);
-          hi = j;
-        }
+      uint64_t o = 0, z = 0;
+      for (int l = 0; l < kLanes<uint64_t>; ++l) {
+        o |= ors[l];
+        z |= zeros[l];
+      }
+      any = o != 0;
+      full = z == 0;
     } else {
-      for (int64_t j = 0; j < n; ++j)
-        if (m[(c0 + j) * cs]) {
-          ++visible;
-          lo = imin(lo, j);
-          hi = j;
-        }
+      int64_t visible = 0;
+      for (int64_t j = 0; j < n; ++j) visible += m[(c0 + j) * cs] != 0;
+      any = visible > 0;
+      full = visible == n;
     }
-    if (visible == 0) continue;
+    if (!any) continue;
     const int64_t c = c0 / kChunk;
     some[c / 64] |= uint64_t(1) << (c % 64);
-    if (visible == n) all[c / 64] |= uint64_t(1) << (c % 64);
-    first = imin(first, c0 + lo);
-    last = c0 + hi + 1;
-    count += visible;
+    if (full) all[c / 64] |= uint64_t(1) << (c % 64);
+    if (first_chunk < 0) first_chunk = c;
+    last_chunk = c;
   }
-  if (count == 0) first = last = 0;
+  if (first_chunk < 0) {
+    dst[kSumFirst] = dst[kSumLast] = 0;
+    dst[kSumInterval] = 1;
+    dst[kSumChunky] = 0;
+    return;
+  }
+  int64_t first = first_chunk * kChunk, last = imin(len, (last_chunk + 1) * kChunk);
+  while (!m[first * cs]) ++first;
+  while (!m[(last - 1) * cs]) --last;
+  // An interval iff every key in [first, last) is kept: whole chunks between the first
+  // and the last chunk by their bits, the two edge chunks byte by byte.
+  bool interval = true;
+  for (int64_t c = first_chunk + 1; c < last_chunk && interval; ++c) interval = chunk_bit(all, c);
+  if (interval) {
+    const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
+    interval = all_set(m, cs, first, end_first) &&
+               all_set(m, cs, imax(end_first, last_chunk * kChunk), last);
+  }
+  // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
+  // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
+  bool chunky = false;
+  for (int64_t c = first_chunk; c <= last_chunk && !chunky; ++c)
+    chunky = !chunk_bit(some, c) || chunk_bit(all, c);
   dst[kSumFirst] = uint64_t(first);
   dst[kSumLast] = uint64_t(last);
-  dst[kSumInterval] = count == last - first;
+  dst[kSumInterval] = interval;
+  dst[kSumChunky] = chunky;
 }
 
 // The summary of p's bool mask (summary->data null if there is none or allocation failed;
@@ -151,8 +185,8 @@ inline const uint64_t* summary_row(const MaskSummary& sum, int64_t batch_ndim, c
 }
 
 // Narrows the task's rows to the keys their mask rows leave visible (a row that keeps
-// nothing gets an empty range); an interval row drops its mask. Each row's chunk summary
-// goes to row.chunks. Updates the union [*klo, *khi).
+// nothing gets an empty range); an interval row drops its mask. A row whose chunk bits can
+// save work gets them in row.chunks. Updates the union [*klo, *khi).
 template <typename T>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
                              const int64_t* coord, RowRef<T>* rows, int64_t* klo, int64_t* khi) {
@@ -162,12 +196,8 @@ inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const 
     const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
     row.lo = imax(row.lo, int64_t(s[kSumFirst]));
     row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
-    if (s[kSumInterval]) {
-      row.bmask = nullptr;
-      row.chunks = nullptr;
-    } else {
-      row.chunks = s + kSumHeader;
-    }
+    if (s[kSumInterval]) row.bmask = nullptr;
+    row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
     if (row.lo < row.hi) {
       lo_all = imin(lo_all, row.lo);
       hi_all = imax(hi_all, row.hi);
@@ -176,9 +206,6 @@ inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const 
   *klo = lo_all;
   *khi = hi_all;
 }
-
-// Whether chunk c is set in a chunk bit set.
-inline bool chunk_bit(const uint64_t* bits, int64_t c) { return (bits[c / 64] >> (c % 64)) & 1; }
 
 // The columns [a, b) of a key block starting at key kb that the rows [r0, r1) must
 // compute: runs of chunks where some row sees a key (a row without chunk bits sees all
@@ -218,34 +245,30 @@ inline int64_t visible_segments(const RowRef<T>* rows, int64_t r0, int64_t r1, i
 }
 
 // mask_row (attention-inl.h) over the columns [a, b) only, for a row with chunk bits:
-// chunks the row sees whole skip the bool mask, chunks it sees nothing of become -inf.
+// runs of chunks the row sees whole skip the bool mask, runs it sees nothing of become
+// -inf, and the rest take mask_row itself over the whole run (its loops, vectorised alike).
 // Key kb + j is s[j]; [jlo, jhi) are the row's visible columns.
 template <typename T>
 inline void mask_row_chunked(const AttnParams& p, const RowRef<T>& row, int64_t kb, int64_t jlo,
                              int64_t jhi, int64_t a, int64_t b, T* s) {
   constexpr T kNegInf = -T(__builtin_inf());
-  for (int64_t j0 = a; j0 < b;) {
-    const int64_t ch = (kb + j0) / kChunk;
-    const int64_t j1 = imin(b, (ch + 1) * kChunk - kb);
-    const int64_t lo = imax(j0, jlo), hi = imin(j1, jhi);
-    if (lo >= hi || !chunk_bit(row.chunks, ch)) {
-      for (int64_t j = j0; j < j1; ++j) s[j] = kNegInf;
+  const uint64_t* all = row.chunks + (p.len_k + kChunk * 64 - 1) / (kChunk * 64);
+  // 0: hidden, 1: whole chunk visible, 2: mixed.
+  auto kind = [&](int64_t ch) {
+    return !chunk_bit(row.chunks, ch) ? 0 : chunk_bit(all, ch) ? 1 : 2;
+  };
+  for (int64_t r0 = a; r0 < b;) {
+    const int64_t ch0 = (kb + r0) / kChunk, k = kind(ch0);
+    int64_t ch = ch0 + 1;
+    while (ch * kChunk - kb < b && kind(ch) == k) ++ch;
+    const int64_t r1 = imin(b, ch * kChunk - kb), n = r1 - r0;
+    if (k == 0) {
+      for (int64_t j = r0; j < r1; ++j) s[j] = kNegInf;
     } else {
-      for (int64_t j = j0; j < lo; ++j) s[j] = kNegInf;
-      for (int64_t j = hi; j < j1; ++j) s[j] = kNegInf;
-      const uint64_t* all = row.chunks + (p.len_k + kChunk * 64 - 1) / (kChunk * 64);
-      if (row.fmask) {
-        const int64_t cs = p.float_mask.col_stride;
-        const T* fm = row.fmask + kb * cs;
-        for (int64_t j = lo; j < hi; ++j) s[j] += fm[j * cs];
-      }
-      if (!chunk_bit(all, ch)) {
-        const int64_t cs = p.bool_mask.col_stride;
-        const uint8_t* bm = row.bmask + kb * cs;
-        for (int64_t j = lo; j < hi; ++j) s[j] = bm[j * cs] ? s[j] : kNegInf;
-      }
+      const int64_t lo = imin(imax(jlo - r0, 0), n), hi = imax(imin(jhi - r0, n), lo);
+      mask_row(p, row.fmask, k == 2 ? row.bmask : nullptr, kb + r0, lo, hi, n, s + r0);
     }
-    j0 = j1;
+    r0 = r1;
   }
 }
 
