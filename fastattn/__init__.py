@@ -20,6 +20,7 @@ except ImportError as _exc:
         "(README, Development)."
     ) from _exc
 from fastattn import reference  # noqa: F401 - fastattn.reference, the oracle
+from fastattn._block_mask import BlockMask, block_mask
 from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
 from fastattn._mha import KVCache, MultiHeadAttention
@@ -54,11 +55,13 @@ def get_include() -> str:
 
 
 __all__ = [
+    "BlockMask",
     "KVCache",
     "MultiHeadAttention",
     "__version__",
     "additive_attention",
     "attention",
+    "block_mask",
     "get_include",
     "get_num_threads",
     "masked_softmax",

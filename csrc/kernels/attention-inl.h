@@ -100,6 +100,9 @@ struct RowRef {
   const T* sink;         // the head's sink logit or null
   const T* slope;        // the head's ALiBi slope or null
   int64_t diag;          // i + diag_offset: the key at ALiBi distance 0
+  // The bool-mask row's chunk bits (mask_summary-inl.h), or null: no summary, or a row
+  // whose visible keys are exactly [lo, hi).
+  const uint64_t* chunks;
 };
 
 // A task's batch entry (coordinates) and kv head (k, v).
@@ -162,6 +165,7 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     row.sink = sinks_b ? sinks_b + h * p.sinks.head_stride : nullptr;
     row.slope = alibi_b ? alibi_b + h * p.alibi.head_stride : nullptr;
     row.diag = i + p.diag_offset;
+    row.chunks = nullptr;
     const int64_t vl =
         vlens_b ? vlens_b[h * p.valid_lens.head_stride + i * p.valid_lens.row_stride] : p.len_k;
     int64_t lo, hi;

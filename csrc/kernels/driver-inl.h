@@ -25,9 +25,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
+#include "kernels/mask_summary-inl.h"
 #include "kernels/parallel-inl.h"
 #include "simd/vec-inl.h"
 
@@ -86,31 +88,33 @@ struct TaskView {
   int64_t key_begin, key_end;
 };
 
-// Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see.
+// Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see
+// (narrowed to what the bool mask leaves visible when it has a summary).
 template <typename T>
-inline void open_task(const AttnParams& p, const Plan& plan, int64_t t, int64_t key_begin,
-                      int64_t key_end, RowRef<T>* rows, TaskView<T>* tv, int64_t* klo,
-                      int64_t* khi) {
+inline void open_task(const AttnParams& p, const Plan& plan, const MaskSummary& sum, int64_t t,
+                      int64_t key_begin, int64_t key_end, RowRef<T>* rows, TaskView<T>* tv,
+                      int64_t* klo, int64_t* khi) {
   tv->c = task_coord(p, t, plan.heads, plan.block_q, plan.q_blocks);
   tv->rows = rows;
   tv->nrows = tv->c.heads * tv->c.nq;
   tv->key_begin = key_begin;
   tv->key_end = key_end;
   setup_task_rows(p, tv->c, key_begin, key_end, &tv->refs, rows, klo, khi);
+  if (sum.data) narrow_task_rows(p, sum, tv->c, tv->refs.coord, rows, klo, khi);
 }
 
 // Work item `item` (task item / splits, key split item % splits): its rows opened over the
 // split's keys, walked in blocks and finished (or saved as a partial for merge_task).
 // run_blocked's loop body, shared with the packed variable-length driver (varlen-inl.h).
 template <typename T, typename Engine, bool kSplit>
-inline void run_item(const AttnParams& p, const Plan& plan, Engine& eng, RowRef<T>* rows,
-                     TaskView<T>* tv, int64_t item) {
+inline void run_item(const AttnParams& p, const Plan& plan, const MaskSummary& sum, Engine& eng,
+                     RowRef<T>* rows, TaskView<T>* tv, int64_t item) {
   const int64_t splits = kSplit ? plan.key_splits : 1;
   const int64_t t = item / splits, split = item % splits;
   const int64_t key_begin = split * plan.split_len;
   const int64_t key_end = kSplit ? imin(p.len_k, key_begin + plan.split_len) : p.len_k;
   int64_t klo, khi;
-  open_task(p, plan, t, key_begin, key_end, rows, tv, &klo, &khi);
+  open_task(p, plan, sum, t, key_begin, key_end, rows, tv, &klo, &khi);
   eng.begin(*tv);
   for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k)
     eng.block(*tv, kb, imin(plan.block_k, khi - kb));
@@ -122,12 +126,21 @@ inline void run_item(const AttnParams& p, const Plan& plan, Engine& eng, RowRef<
 
 // Task t's key splits, every one saved, merged into its rows' results.
 template <typename T, typename Engine>
-inline void merge_task(const AttnParams& p, const Plan& plan, Engine& eng, RowRef<T>* rows,
-                       TaskView<T>* tv, int64_t t) {
+inline void merge_task(const AttnParams& p, const Plan& plan, const MaskSummary& sum, Engine& eng,
+                       RowRef<T>* rows, TaskView<T>* tv, int64_t t) {
   int64_t klo, khi;
-  open_task(p, plan, t, 0, p.len_k, rows, tv, &klo, &khi);
+  open_task(p, plan, sum, t, 0, p.len_k, rows, tv, &klo, &khi);
   eng.merge(*tv, t);
 }
+
+// Whether engine E reads bool-mask summaries (E::kSkipMasked): its rows' key ranges may then
+// be narrowed to the keys the mask leaves visible and its blocks skip hidden chunks
+// (row.chunks). Engines whose results outside a row's range depend on that range opt out.
+template <typename E, typename = void>
+struct skips_masked : std::false_type {};
+template <typename E>
+struct skips_masked<E, std::void_t<decltype(E::kSkipMasked)>> : std::bool_constant<E::kSkipMasked> {
+};
 
 // Runs every task of the call; false if a thread's scratch could not be allocated.
 template <typename T, typename Engine, bool kSplit>
@@ -139,6 +152,9 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   const int64_t items = plan.tasks * splits;
   bool failed = false;
   const int threads = int(imax(1, imin(p.num_threads, items)));
+  // Once per call: which keys the bool mask hides, so that blocks nobody sees are skipped.
+  MaskSummary sum;
+  if constexpr (skips_masked<Engine>::value) summarise_bool_mask(p, &sum);
   parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
     RowRef<T>* rows = nullptr;
@@ -154,17 +170,18 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!raw) continue;
-      run_item<T, Engine, kSplit>(p, plan, eng, rows, &tv, item);
+      run_item<T, Engine, kSplit>(p, plan, sum, eng, rows, &tv, item);
     }
     if constexpr (kSplit) {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < plan.tasks; ++t) {
         if (failed) continue;
-        merge_task<T>(p, plan, eng, rows, &tv, t);
+        merge_task<T>(p, plan, sum, eng, rows, &tv, t);
       }
     }
     std::free(raw);
   });
+  std::free(sum.data);
   return !failed;
 }
 

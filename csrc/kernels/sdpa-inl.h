@@ -44,6 +44,9 @@ inline int64_t padded_dv(int64_t head_dim_v) {
   return round_up(imax(head_dim_v, 1), kColTile<T>);
 }
 
+// Runs of visible chunks in one key block (at most 512 keys, key_block_size).
+constexpr int64_t kMaxSegments = 512 / kChunk + 1;
+
 // Per-thread scratch, pieces of the driver's arena reused by every task the thread runs.
 template <typename T>
 struct SdpaScratch {
@@ -73,20 +76,24 @@ struct SdpaScratch {
 // Rows [r0, r1) of the task against columns [c0, c1) of the key block that starts at key
 // kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
-// sub-block, and skipped columns are ones no row of the sub-block sees.
+// sub-block, and skipped columns are ones no row of the sub-block sees. Only the columns
+// of the nseg runs [seg_a, seg_b) (within [c0, c1), starting on kColTile columns; see
+// visible_segments) are computed: the others are hidden from every row of the sub-block,
+// so their probabilities would be exactly 0.
 template <typename T, bool kThin>
 void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
                   int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
-                  const T* k_block, const T* v_block, bool* v_packed, bool* v_finite) {
+                  const int64_t* seg_a, const int64_t* seg_b, int64_t nseg, const T* k_block,
+                  const T* v_block, bool* v_packed, bool* v_finite) {
   using V = typename VecOf<T>::type;
-  constexpr int L = kLanes<T>;
+  constexpr int L = kLanes<T>, CT = kColTile<T>;
   constexpr T kNegInf = -T(__builtin_inf());
   const int64_t E = p.dim_q, Ev = p.dim_v, Eva = padded_dv<T>(Ev);
   const int64_t kt_ld = plan.block_k;
   const int64_t kb = kb_block + c0, n = c1 - c0;  // the keys this sub-block needs
-  const int64_t ncols = round_up(n, kColTile<T>);
+  const int64_t ncols = round_up(n, CT);
   const int64_t nrows = r1 - r0;
-  const T* kt = sc.kt + (c0 / kColTile<T>)*E * kColTile<T>;
+  const T* kt = sc.kt + (c0 / CT) * E * CT;
   const T* vb = v_block + c0 * p.v.row_stride;
   // Scores, masks, m and the weights' scores stay in natural units, which keeps every
   // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
@@ -107,63 +114,89 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
     int64_t hi = 0;
     for (int64_t r = t * RT; r < imin(nrows, t * RT + RT); ++r)
       hi = imax(hi, imin(rows[r0 + r].hi - kb, n));
-    width[t] = kThin ? ncols : round_up(hi, kColTile<T>);
+    width[t] = kThin ? ncols : round_up(hi, CT);
   }
-  if (kThin) {
-    scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
-                  nrows, n);
-  } else {
-    for (int64_t t = 0; t < tile_rows / RT; ++t)
-      if (width[t] > 0)
-        scores_tile(sc.q + (r0 + t * RT) * E, E, kt, sc.s + t * RT * kt_ld, kt_ld, RT, width[t]);
+  // Run g in local columns: [sa(g), sb(g)) of keys, [sa(g), se(g, w)) of a width-w row.
+  auto sa = [&](int64_t g) { return seg_a[g] - c0; };
+  auto sb = [&](int64_t g) { return seg_b[g] - c0; };
+  auto se = [&](int64_t g, int64_t w) { return imin(round_up(sb(g), CT), w); };
+  for (int64_t g = 0; g < nseg; ++g) {
+    if (kThin) {
+      scores_direct(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
+                    sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g));
+    } else {
+      for (int64_t t = 0; t < tile_rows / RT; ++t)
+        if (se(g, width[t]) > sa(g))
+          scores_tile(sc.q + (r0 + t * RT) * E, E, kt + (sa(g) / CT) * E * CT,
+                      sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
+    }
   }
 
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
-  // of exp2 and row sum. All in whole vectors over the tile's width w.
+  // of exp2 and row sum. All in whole vectors over the tile's width w (its runs).
   for (int64_t r = 0; r < nrows; ++r) {
     const RowRef<T>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
+    auto zero = [&] {
+      for (int64_t g = 0; g < nseg; ++g)
+        for (int64_t j = sa(g); j < se(g, w); ++j) s[j] = T(0);
+    };
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
-      for (int64_t j = 0; j < w; ++j) s[j] = T(0);
+      zero();
       continue;
     }
     if (softcap) {
-      for (int64_t j = 0; j < w; j += L)
-        vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
+      for (int64_t g = 0; g < nseg; ++g)
+        for (int64_t j = sa(g); j < se(g, w); j += L)
+          vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
     }
-    mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
+    if (row.chunks) {
+      for (int64_t g = 0; g < nseg; ++g) mask_row_chunked(p, row, kb, jlo, jhi, sa(g), se(g, w), s);
+    } else {  // one run, the whole width (visible_segments)
+      mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
+    }
 
     // Row max; NaN is left to the exp2 pass to propagate, except in a row whose other
     // scores are all masked, which must give NaN rather than "nothing attended". ALiBi
     // joins this pass (masked keys stay -inf), saving a pass over the row.
     V vmax = V{} + kNegInf;
-    if (row.slope) {
-      vmax = alibi_row_max(*row.slope, kb - row.diag, w, s);
-    } else {
-      for (int64_t j = 0; j < w; j += L) {
-        const V x = vload(s + j);
+    for (int64_t g = 0; g < nseg; ++g) {
+      if (row.slope) {
+        const V x = alibi_row_max(*row.slope, kb + sa(g) - row.diag, se(g, w) - sa(g), s + sa(g));
         vmax = x > vmax ? x : vmax;
+      } else {
+        for (int64_t j = sa(g); j < se(g, w); j += L) {
+          const V x = vload(s + j);
+          vmax = x > vmax ? x : vmax;
+        }
       }
     }
-    // Keys past jhi keep the -inf the task wrote.
-    if (row.weights) std::memcpy(row.weights + kb, s, size_t(jhi) * sizeof(T));
+    // Keys past jhi keep the -inf the task wrote, and so do the keys between runs.
+    if (row.weights)
+      for (int64_t g = 0; g < nseg; ++g)
+        if (imin(se(g, w), jhi) > sa(g))
+          std::memcpy(row.weights + kb + sa(g), s + sa(g),
+                      size_t(imin(se(g, w), jhi) - sa(g)) * sizeof(T));
     T mx = reduce_max<T>(vmax);
     if (mx == kNegInf)
-      for (int64_t j = jlo; j < jhi; ++j) mx = s[j] != s[j] ? s[j] : mx;
+      for (int64_t g = 0; g < nseg; ++g)
+        for (int64_t j = imax(jlo, sa(g)); j < imin(jhi, se(g, w)); ++j)
+          mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
     const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
     if (m_new == kNegInf) {  // everything so far masked
-      for (int64_t j = 0; j < w; ++j) s[j] = T(0);
+      zero();
       continue;
     }
     V vsum = V{};
-    for (int64_t j = 0; j < w; j += L) {
-      const V e = exp2_approx_vec<T>((vload(s + j) - m_new) * log2e);
-      vstore(s + j, e);
-      vsum += e;
-    }
+    for (int64_t g = 0; g < nseg; ++g)
+      for (int64_t j = sa(g); j < se(g, w); j += L) {
+        const V e = exp2_approx_vec<T>((vload(s + j) - m_new) * log2e);
+        vstore(s + j, e);
+        vsum += e;
+      }
     const T sum = reduce_add<T>(vsum);
     // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
     if (m_new != m_old) {
@@ -176,10 +209,14 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
     sc.m[r0 + r] = m_new;
   }
 
+  // acc += P V run by run: each element still takes its keys in order, one fused
+  // multiply-add at a time, and the skipped keys' probabilities are 0.
   T* acc = sc.acc + r0 * Eva;
   if (kThin) {  // straight from the value rows
     for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
+      for (int64_t g = 0; g < nseg; ++g)
+        pv_row(sc.s + r * kt_ld + sa(g), sb(g) - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
+               Ev, acc + r * Eva);
     return;
   }
   // The probabilities of a tile's rows are written up to its width (zeros past each row's
@@ -191,14 +228,19 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
     *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
     *v_packed = true;
   }
-  if (*v_finite) {
-    for (int64_t r = 0; r < tile_rows; r += RT)
-      if (width[r / RT] > 0)
-        pv_tile(sc.s + r * kt_ld, kt_ld, imin(width[r / RT], n), sc.vp + c0 * kColTile<T>, kt_ld,
-                Eva, acc + r * Eva, Eva);
-  } else {
-    for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva);
+  for (int64_t g = 0; g < nseg; ++g) {
+    for (int64_t r = 0; r < tile_rows; r += RT) {
+      const int64_t jb = imin(imin(width[r / RT], n), sb(g));
+      if (jb <= sa(g)) continue;
+      if (*v_finite) {
+        pv_tile(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g), sc.vp + (c0 + sa(g)) * CT, kt_ld, Eva,
+                acc + r * Eva, Eva);
+      } else {
+        for (int64_t rr = r; rr < imin(r + RT, nrows); ++rr)
+          pv_row(sc.s + rr * kt_ld + sa(g), jb - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
+                 Ev, acc + rr * Eva);
+      }
+    }
   }
 }
 
@@ -234,6 +276,7 @@ struct SdpaEngine {
   using Params = SdpaParams;
   using Shared = SdpaShared<T>;
   static constexpr bool kSplitKeys = true;
+  static constexpr bool kSkipMasked = true;  // reads row.chunks (mask_summary-inl.h)
   const SdpaParams& p;
   const Plan& plan;
   const Shared& sh;
@@ -282,13 +325,17 @@ struct SdpaEngine {
         }
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
+      const int64_t c0 = (lo_min - kb) / kColTile<T> * kColTile<T>;
+      // The runs of chunks some row of the sub-block sees (all of [c0, c1) without a summary).
+      int64_t seg_a[kMaxSegments], seg_b[kMaxSegments];
+      const int64_t nseg = visible_segments(tv.rows, r0, r1, kb, c0, hi_max - kb, seg_a, seg_b);
+      if (nseg == 0) continue;  // the bool mask hides this whole tile
       if (!kThin && !packed) {
         pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
         packed = true;
       }
-      const int64_t c0 = (lo_min - kb) / kColTile<T> * kColTile<T>;
-      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, &v_packed,
-                             &v_finite);
+      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, seg_a, seg_b,
+                             nseg, k, v, &v_packed, &v_finite);
     }
   }
 

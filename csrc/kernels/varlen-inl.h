@@ -68,13 +68,14 @@ inline void varlen_item(const SdpaParams& p, const VarlenSeq& s, T* partial, voi
   RowRef<T>* rows = a.take<RowRef<T>>(s.plan.max_rows);
   eng.layout(a);
   TaskView<T> tv;
+  const MaskSummary none;  // packed sequences take no mask
   if constexpr (kSplit) {
     if (merge) {
-      merge_task<T>(p, s.plan, eng, rows, &tv, item);
+      merge_task<T>(p, s.plan, none, eng, rows, &tv, item);
       return;
     }
   }
-  run_item<T, SdpaEngine<T, kThin>, kSplit>(p, s.plan, eng, rows, &tv, item);
+  run_item<T, SdpaEngine<T, kThin>, kSplit>(p, s.plan, none, eng, rows, &tv, item);
 }
 
 template <typename T>

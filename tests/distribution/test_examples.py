@@ -28,6 +28,7 @@ SCRIPTS.update(
             "nadaraya_watson_kernels.py",
             "multihead_attention_weights.py",
             "chunked_long_context.py",
+            "local_global_attention.py",
         ]
     }
 )

@@ -1,0 +1,276 @@
+// What a bool mask leaves visible, summarised once per call so that the driver and the
+// engines skip what it hides (issue: masks that exclude whole blocks cost nothing). Per
+// distinct mask row (broadcast axes counted once), the summary holds
+//   - the first and one-past-last visible key, and whether every key between them is
+//     visible (the row is an interval: then the row's key range says all, and the mask
+//     itself is not read again);
+//   - per chunk of kChunk keys (at multiples of kChunk, whatever the plan), a bit "some key
+//     visible" and a bit "every key visible".
+// It is built bit-parallel, eight mask bytes per 64-bit word. Skipping changes no
+// arithmetic on kept keys: a hidden key's probability is exactly 0, which adds nothing to a
+// row's sum or output, and the blocked kernels keep columns at the same lane positions and
+// keys in the same order whatever they skip. Per ISA (include only inside a TU that
+// defines FASTATTN_ISA_NS).
+#pragma once  // per translation unit
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "api/params.h"
+#include "kernels/attention-inl.h"
+#include "kernels/parallel-inl.h"
+#include "simd/vec-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+constexpr int64_t kChunk = 64;  // keys per summary chunk
+static_assert(kChunk % kColTile<double> == 0 && kChunk % kColTile<float> == 0,
+              "chunks must start on register-tile columns");
+
+// Header words of a summary row, then `words` "some visible" chunk words, then `words`
+// "all visible" chunk words (chunk c is bit c % 64 of word c / 64).
+enum : int64_t { kSumFirst = 0, kSumLast = 1, kSumInterval = 2, kSumChunky = 3, kSumHeader = 4 };
+
+// The summary of one call's bool mask; rows are found like the mask's own rows (a
+// broadcast axis has stride 0).
+struct MaskSummary {
+  uint64_t* data = nullptr;  // null: no summary (no bool mask, or it could not be allocated)
+  int64_t words = 0;         // chunk words per kind
+  int64_t row_words = 0;     // kSumHeader + 2 * words
+  int64_t batch_stride[kMaxBatchDims] = {};
+  int64_t head_stride = 0, row_stride = 0;
+};
+
+// Whether chunk c is set in a chunk bit set.
+inline bool chunk_bit(const uint64_t* bits, int64_t c) { return (bits[c / 64] >> (c % 64)) & 1; }
+
+// Bit 7 of each byte of the result is set where w has a zero byte (exact, no carries);
+// per 64-bit word, for a word or a Vec<uint64_t> of words.
+template <typename W>
+inline W zero_bytes(W w) {
+  constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7fULL;
+  return ~(((w & k7f) + k7f) | w | k7f);
+}
+
+// Whether m[j * cs] != 0 for every j in [a, b).
+inline bool all_set(const uint8_t* m, int64_t cs, int64_t a, int64_t b) {
+  bool all = true;
+  for (int64_t j = a; j < b; ++j) all = all && m[j * cs] != 0;
+  return all;
+}
+
+// Summarises the mask row m (len keys, column stride cs) into dst (row_words words). The
+// chunk bits take one pass of word ORs and zero-byte tests (which the compiler vectorises);
+// only the first and last chunks that keep a key are then read byte by byte.
+inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
+  uint64_t* some = dst + kSumHeader;
+  uint64_t* all = some + words;
+  std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
+  int64_t first_chunk = -1, last_chunk = -1;
+  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+    const int64_t n = imin(kChunk, len - c0);
+    bool any, full;
+    if (cs == 1 && n == kChunk) {
+      // Whole vectors of words (Vec<uint64_t>: the widest this ISA has), reduced at the end.
+      using W = Vec<uint64_t>;
+      constexpr int64_t kWordBytes = int64_t(sizeof(W));
+      W ors = W{}, zeros = W{};
+      for (int64_t j = 0; j < kChunk; j += kWordBytes) {
+        W w;
+        std::memcpy(&w, m + c0 + j, sizeof(W));
+        ors |= w;
+        zeros |= zero_bytes(w);
+      }
+      uint64_t o = 0, z = 0;
+      for (int l = 0; l < kLanes<uint64_t>; ++l) {
+        o |= ors[l];
+        z |= zeros[l];
+      }
+      any = o != 0;
+      full = z == 0;
+    } else {
+      int64_t visible = 0;
+      for (int64_t j = 0; j < n; ++j) visible += m[(c0 + j) * cs] != 0;
+      any = visible > 0;
+      full = visible == n;
+    }
+    if (!any) continue;
+    const int64_t c = c0 / kChunk;
+    some[c / 64] |= uint64_t(1) << (c % 64);
+    if (full) all[c / 64] |= uint64_t(1) << (c % 64);
+    if (first_chunk < 0) first_chunk = c;
+    last_chunk = c;
+  }
+  if (first_chunk < 0) {
+    dst[kSumFirst] = dst[kSumLast] = 0;
+    dst[kSumInterval] = 1;
+    dst[kSumChunky] = 0;
+    return;
+  }
+  int64_t first = first_chunk * kChunk, last = imin(len, (last_chunk + 1) * kChunk);
+  while (!m[first * cs]) ++first;
+  while (!m[(last - 1) * cs]) --last;
+  // An interval iff every key in [first, last) is kept: whole chunks between the first
+  // and the last chunk by their bits, the two edge chunks byte by byte.
+  bool interval = true;
+  for (int64_t c = first_chunk + 1; c < last_chunk && interval; ++c) interval = chunk_bit(all, c);
+  if (interval) {
+    const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
+    interval = all_set(m, cs, first, end_first) &&
+               all_set(m, cs, imax(end_first, last_chunk * kChunk), last);
+  }
+  // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
+  // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
+  bool chunky = false;
+  for (int64_t c = first_chunk; c <= last_chunk && !chunky; ++c)
+    chunky = !chunk_bit(some, c) || chunk_bit(all, c);
+  dst[kSumFirst] = uint64_t(first);
+  dst[kSumLast] = uint64_t(last);
+  dst[kSumInterval] = interval;
+  dst[kSumChunky] = chunky;
+}
+
+// The summary of p's bool mask (summary->data null if there is none or allocation failed;
+// std::free it). Rows are split among the call's threads.
+inline void summarise_bool_mask(const AttnParams& p, MaskSummary* sum) {
+  sum->data = nullptr;
+  const StridedView& bm = p.bool_mask;
+  if (!bm.data || p.len_k == 0) return;
+  // Distinct rows: C order over the mask's non-broadcast axes.
+  sum->words = ((p.len_k + kChunk - 1) / kChunk + 63) / 64;
+  sum->row_words = kSumHeader + 2 * sum->words;
+  int64_t rows = 1;
+  sum->row_stride = bm.row_stride ? rows : 0;
+  rows *= bm.row_stride ? p.len_q : 1;
+  sum->head_stride = bm.head_stride ? rows : 0;
+  rows *= bm.head_stride ? p.num_heads_q : 1;
+  for (int64_t d = p.batch_ndim - 1; d >= 0; --d) {
+    sum->batch_stride[d] = bm.batch_stride[d] ? rows : 0;
+    rows *= bm.batch_stride[d] ? p.batch_shape[d] : 1;
+  }
+  if (rows == 0) return;
+  sum->data = static_cast<uint64_t*>(
+      std::aligned_alloc(64, size_t(round_up(rows * sum->row_words * 8, 64))));
+  if (!sum->data) return;
+  const int64_t nh = bm.head_stride ? p.num_heads_q : 1, nr = bm.row_stride ? p.len_q : 1;
+  const int threads = int(imax(1, imin(p.num_threads, rows / 64 + 1)));
+  parallel_region(threads, [&] {
+    int64_t coord[kMaxBatchDims];
+#pragma omp for schedule(static)
+    for (int64_t idx = 0; idx < rows; ++idx) {
+      // idx -> (batch coords over non-broadcast axes, head, row), C order
+      int64_t rest = idx / (nh * nr);
+      for (int64_t d = p.batch_ndim - 1; d >= 0; --d) {
+        const int64_t ext = bm.batch_stride[d] ? p.batch_shape[d] : 1;
+        coord[d] = rest % ext;
+        rest /= ext;
+      }
+      const int64_t h = idx / nr % nh, i = idx % nr;
+      const uint8_t* m = static_cast<const uint8_t*>(bm.data) +
+                         batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
+                         i * bm.row_stride;
+      summarise_row(m, bm.col_stride, p.len_k, sum->words, sum->data + idx * sum->row_words);
+    }
+  });
+}
+
+// The summary row of (batch coords, query head h, query row i).
+inline const uint64_t* summary_row(const MaskSummary& sum, int64_t batch_ndim, const int64_t* coord,
+                                   int64_t h, int64_t i) {
+  return sum.data + (batch_offset(sum.batch_stride, coord, batch_ndim) + h * sum.head_stride +
+                     i * sum.row_stride) *
+                        sum.row_words;
+}
+
+// Narrows the task's rows to the keys their mask rows leave visible (a row that keeps
+// nothing gets an empty range); an interval row drops its mask. A row whose chunk bits can
+// save work gets them in row.chunks. Updates the union [*klo, *khi).
+template <typename T>
+inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
+                             const int64_t* coord, RowRef<T>* rows, int64_t* klo, int64_t* khi) {
+  int64_t lo_all = p.len_k, hi_all = 0;  // empty
+  for (int64_t r = 0; r < c.heads * c.nq; ++r) {
+    RowRef<T>& row = rows[r];
+    const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
+    row.lo = imax(row.lo, int64_t(s[kSumFirst]));
+    row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
+    if (s[kSumInterval]) row.bmask = nullptr;
+    row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
+    if (row.lo < row.hi) {
+      lo_all = imin(lo_all, row.lo);
+      hi_all = imax(hi_all, row.hi);
+    }
+  }
+  *klo = lo_all;
+  *khi = hi_all;
+}
+
+// The columns [a, b) of a key block starting at key kb that the rows [r0, r1) must
+// compute: runs of chunks where some row sees a key (a row without chunk bits sees all
+// its range). Writes up to max_segs runs, in order, clipped to [c0, c1); returns the count.
+template <typename T>
+inline int64_t visible_segments(const RowRef<T>* rows, int64_t r0, int64_t r1, int64_t kb,
+                                int64_t c0, int64_t c1, int64_t* seg_a, int64_t* seg_b) {
+  bool any_dense = false;
+  for (int64_t r = r0; r < r1 && !any_dense; ++r)
+    any_dense = rows[r].lo < rows[r].hi && !rows[r].chunks;
+  if (any_dense) {
+    seg_a[0] = c0;
+    seg_b[0] = c1;
+    return 1;
+  }
+  int64_t nseg = 0;
+  const int64_t ch0 = (kb + c0) / kChunk, ch1 = (kb + c1 + kChunk - 1) / kChunk;
+  for (int64_t ch = ch0; ch < ch1; ++ch) {
+    const int64_t k0 = ch * kChunk, k1 = k0 + kChunk;
+    bool seen = false;
+    for (int64_t r = r0; r < r1 && !seen; ++r) {
+      const RowRef<T>& row = rows[r];
+      seen =
+          row.chunks && row.lo < row.hi && row.lo < k1 && k0 < row.hi && chunk_bit(row.chunks, ch);
+    }
+    if (!seen) continue;
+    const int64_t a = imax(k0 - kb, c0), b = imin(k1 - kb, c1);
+    if (nseg > 0 && seg_b[nseg - 1] == a) {
+      seg_b[nseg - 1] = b;
+    } else {
+      seg_a[nseg] = a;
+      seg_b[nseg] = b;
+      ++nseg;
+    }
+  }
+  return nseg;
+}
+
+// mask_row (attention-inl.h) over the columns [a, b) only, for a row with chunk bits:
+// runs of chunks the row sees whole skip the bool mask, runs it sees nothing of become
+// -inf, and the rest take mask_row itself over the whole run (its loops, vectorised alike).
+// Key kb + j is s[j]; [jlo, jhi) are the row's visible columns.
+template <typename T>
+inline void mask_row_chunked(const AttnParams& p, const RowRef<T>& row, int64_t kb, int64_t jlo,
+                             int64_t jhi, int64_t a, int64_t b, T* s) {
+  constexpr T kNegInf = -T(__builtin_inf());
+  const uint64_t* all = row.chunks + (p.len_k + kChunk * 64 - 1) / (kChunk * 64);
+  // 0: hidden, 1: whole chunk visible, 2: mixed.
+  auto kind = [&](int64_t ch) {
+    return !chunk_bit(row.chunks, ch) ? 0 : chunk_bit(all, ch) ? 1 : 2;
+  };
+  for (int64_t r0 = a; r0 < b;) {
+    const int64_t ch0 = (kb + r0) / kChunk, k = kind(ch0);
+    int64_t ch = ch0 + 1;
+    while (ch * kChunk - kb < b && kind(ch) == k) ++ch;
+    const int64_t r1 = imin(b, ch * kChunk - kb), n = r1 - r0;
+    if (k == 0) {
+      for (int64_t j = r0; j < r1; ++j) s[j] = kNegInf;
+    } else {
+      const int64_t lo = imin(imax(jlo - r0, 0), n), hi = imax(imin(jhi - r0, n), lo);
+      mask_row(p, row.fmask, k == 2 ? row.bmask : nullptr, kb + r0, lo, hi, n, s + r0);
+    }
+    r0 = r1;
+  }
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn
