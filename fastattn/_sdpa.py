@@ -19,6 +19,7 @@ from fastattn._prepare import (
     item_aligned,
     kernel_ready,
     result_buffer,
+    sdpa_storage_dtype,
     to_batch,
 )
 from fastattn._validation import check_flag, check_out, merge_states_args, sdpa_args
@@ -182,13 +183,14 @@ def scaled_dot_product_attention(
             },
         )
 
-    dtype, batch = args.compute_dtype, args.batch
+    # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
+    dtype, batch = sdpa_storage_dtype(args), args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
     q = to_batch(kernel_ready(args.query, dtype), batch)
     k = to_batch(kernel_ready(args.key, dtype), batch)
     v = to_batch(kernel_ready(args.value, dtype), batch)
     bool_mask, float_mask, lens = attention_masks(args)
-    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
+    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights, dtype)
 
     left, right = args.window
     _core.sdpa(

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastattn._compute import silverman_bandwidth
+from fastattn._dtypes import FLOAT32 as _FLOAT32
+from fastattn._dtypes import is_bfloat16
 
 _UNBOUNDED = 2**40  # larger than any sequence length; window sides are clamped to it
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -137,7 +139,11 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
     """``x`` as a float16/32/64 ndarray of at least ``min_ndim`` dims (no copy if it is one)."""
     a = np.asarray(x)
     dt = a.dtype  # native float dtypes first: the common case, without newbyteorder's cost
-    if dt not in _FLOAT_DTYPES and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES):
+    if (
+        dt not in _FLOAT_DTYPES
+        and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES)
+        and not is_bfloat16(dt)
+    ):
         raise TypeError(
             f"{name} must be a floating-point array (float16, float32 or float64), "
             f"got dtype {a.dtype}"
@@ -150,7 +156,9 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
 
 
 def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
-    """(dtype of the result, dtype computed in): float16 is computed in float32."""
+    """(dtype of the result, dtype computed in): float16 and bfloat16 are computed in
+    float32. bfloat16 with other dtypes promotes as float32 would (as ``np.result_type``
+    does with ml_dtypes for float32/float64; bfloat16 with float16 gives float32)."""
     first = arrays[0].dtype  # dtype equality includes the byte order
     if first in _NATIVE_KERNEL_DTYPES:  # the common case, without np.result_type's cost
         for a in arrays:
@@ -158,8 +166,15 @@ def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
                 break
         else:
             return first, first
-    result = np.result_type(*[a.dtype.newbyteorder("=") for a in arrays])
-    compute = np.dtype(np.float32) if result == np.float16 else result
+    dtypes = [a.dtype for a in arrays]
+    if any(is_bfloat16(d) for d in dtypes):
+        others = [d.newbyteorder("=") for d in dtypes if not is_bfloat16(d)]
+        if not others:
+            return dtypes[0], _FLOAT32
+        result = np.result_type(_FLOAT32, *others)
+        return result, result
+    result = np.result_type(*[d.newbyteorder("=") for d in dtypes])
+    compute = _FLOAT32 if result == np.float16 else result
     return result, compute
 
 
@@ -174,7 +189,7 @@ def _weight(w: object, name: str, shape: tuple, meaning: str) -> np.ndarray:
 def check_attn_mask(mask: object, name: str, user_shape: tuple) -> np.ndarray:
     """A bool or float mask broadcastable to ``user_shape`` (the scores the caller sees)."""
     m = np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f":
+    if m.dtype != np.bool_ and m.dtype.kind != "f" and not is_bfloat16(m.dtype):
         raise TypeError(
             f"{name} must be a bool array (True = may attend) or a float array added to the "
             f"scores, got dtype {m.dtype}"

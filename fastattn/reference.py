@@ -15,7 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._compute import average_heads, split_heads, unit_rows
-from fastattn._prepare import attention_masks, softmax_masks, to_batch
+from fastattn._prepare import attention_masks, softmax_masks, to_batch, weights_dtype
 from fastattn._validation import (
     additive_args,
     attention_spec,
@@ -159,7 +159,7 @@ def scaled_dot_product_attention(
     if want_lse:
         extras.append(lse.reshape(args.out_shape[:-1]).astype(args.compute_dtype))
     if want_weights:
-        extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype))
+        extras.append(weights.reshape(args.scores_shape).astype(weights_dtype(args)))
     return (output, *extras) if extras else output
 
 

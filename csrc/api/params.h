@@ -24,6 +24,10 @@ struct StridedView {
   int64_t col_stride = 1;
 };
 
+// The element type of q/k/v/out when it is not the compute type (float32 or float64 for
+// kCompute): a 16-bit float (simd/storage.h) computed in float32.
+enum class Storage : int { kCompute = 0, kF16, kBF16 };
+
 // What every attention op shares. Query is (batch..., num_heads_q, len_q, dim_q); key
 // (batch..., num_heads_kv, len_k, dim_k); value (batch..., num_heads_kv, len_k, dim_v);
 // output (batch..., num_heads_q, len_q, dim_v); masks (batch..., Hq, Lq, Lk); valid_lens
@@ -41,6 +45,8 @@ struct AttnParams {
   StridedView bool_mask;   // uint8 (NumPy bool), 1 = may attend; data null if absent
   StridedView float_mask;  // same dtype as q; added to the scores; null if absent
   StridedView valid_lens;  // int64 per score row (col_stride unused); null if absent
+  // The element type of q/k/v/out; masks, lse and weights are in the compute type.
+  Storage storage = Storage::kCompute;
 
   // Optional outputs, C-contiguous: lse (batch..., Hq, Lq), weights (batch..., Hq, Lq, Lk).
   void* lse = nullptr;

@@ -30,19 +30,20 @@ int threads_for(const AttnParams& p) {
 void scaled_dot_product_attention(const SdpaCall& c) {
   const char* fn = "sdpa";
   SdpaParams p;
-  check_attention(c, fn, "key and query head dims differ", &p);
+  // The SDPA kernels read 16-bit storage (sdpa-inl.h).
+  check_attention(c, fn, "key and query head dims differ", &p, /*storage_ok=*/true);
   require(p.dim_q > 0, fn, "head dim must be positive");
   require(c.softcap >= 0.0, fn, "softcap must be >= 0 (0 = none)");
   // The rule of fastattn/_validation.py's _check_scale, re-checked: the fast path
   // (bindings/register_sdpa.cpp) declines a call whose scale breaks it.
   require(
-      std::isfinite(c.scale) && std::fabs(c.scale) <= (c.query.itemsize == 4 ? FLT_MAX : DBL_MAX),
+      std::isfinite(c.scale) && std::fabs(c.scale) <= (c.query.itemsize == 8 ? DBL_MAX : FLT_MAX),
       fn, "scale must be finite in the compute dtype");
   p.softcap = c.softcap;
   p.num_threads = threads_for(p);
   p.l1_bytes = l1_data_cache_bytes();
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.query.itemsize == 4 ? kernels.sdpa_forward_f32(p) : kernels.sdpa_forward_f64(p);
+  const bool ok = c.query.itemsize == 8 ? kernels.sdpa_forward_f64(p) : kernels.sdpa_forward_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

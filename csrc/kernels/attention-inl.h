@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "api/params.h"
+#include "simd/convert-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -87,11 +88,12 @@ inline TaskCoord task_coord(const AttnParams& p, int64_t t, int64_t heads, int64
   return c;
 }
 
-// One row of a task: a (query head, query position) pair and where its data lives.
-template <typename T>
+// One row of a task: a (query head, query position) pair and where its data lives. q and
+// out are in the storage type S (the compute type T, or a 16-bit float); the rest in T.
+template <typename T, typename S = T>
 struct RowRef {
-  const T* q;            // query row
-  T* out;                // output row
+  const S* q;            // query row
+  S* out;                // output row
   const uint8_t* bmask;  // bool-mask row (strided by bool_mask.col_stride) or null
   const T* fmask;        // float-mask row (strided by float_mask.col_stride) or null
   T* weights;            // weights row (len_k, contiguous) or null
@@ -99,20 +101,20 @@ struct RowRef {
   int64_t lo, hi;        // visible keys [lo, hi), clipped to the task's key range
 };
 
-// A task's batch entry (coordinates) and kv head (k, v).
-template <typename T>
+// A task's batch entry (coordinates) and kv head (k, v, in their storage type S).
+template <typename S>
 struct TaskRefs {
   int64_t coord[kMaxBatchDims];
-  const T* k;
-  const T* v;
+  const S* k;
+  const S* v;
 };
 
 // Resolves task c: fills refs and rows[0:c.heads * c.nq) (head-major: row r is query head
 // h0 + r / nq, position i0 + r % nq) with visible keys clipped to [key_begin, key_end).
 // Returns the union of the rows' ranges in *klo, *khi (klo >= khi when no row sees a key).
-template <typename T>
+template <typename T, typename S = T>
 inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
-                            int64_t key_end, TaskRefs<T>* refs, RowRef<T>* rows, int64_t* klo,
+                            int64_t key_end, TaskRefs<S>* refs, RowRef<T, S>* rows, int64_t* klo,
                             int64_t* khi) {
   const int64_t bn = p.batch_ndim;
   int64_t* coord = refs->coord;
@@ -120,13 +122,13 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     coord[d] = rest % p.batch_shape[d];
     rest /= p.batch_shape[d];
   }
-  refs->k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
+  refs->k = static_cast<const S*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
             c.hk * p.k.head_stride;
-  refs->v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
+  refs->v = static_cast<const S*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
             c.hk * p.v.head_stride;
-  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
-  T* out_b =
-      static_cast<T*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
+  const S* q_b = static_cast<const S*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+  S* out_b =
+      static_cast<S*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
   const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
                                                   batch_offset(p.bool_mask.batch_stride, coord, bn)
                                             : nullptr;
@@ -140,7 +142,7 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
   int64_t lo_all = key_end, hi_all = key_begin;
   for (int64_t r = 0; r < c.heads * c.nq; ++r) {
     const int64_t h = c.h0 + r / c.nq, i = c.i0 + r % c.nq;
-    RowRef<T>& row = rows[r];
+    RowRef<T, S>& row = rows[r];
     row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
     row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
     row.bmask =
@@ -191,15 +193,16 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
-template <typename T>
-inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
+// Keys stored in a narrower type S are widened here, once per block.
+template <typename T, typename S = T>
+inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
                       T* kt) {
   constexpr int CT = kColTile<T>;
   for (int64_t j = 0; j < ncols; ++j) {
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
-      const T* kr = k + j * row_stride;
-      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
+      const S* kr = k + j * row_stride;
+      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]);
     } else {
       for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
     }
@@ -209,9 +212,10 @@ inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, 
 // Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns; the
 // last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
 // Returns whether every value of the block is finite: only then may P V multiply a zero
-// probability by a value (0 * inf = NaN otherwise).
-template <typename T>
-inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+// probability by a value (0 * inf = NaN otherwise). Values stored in a narrower type S are
+// widened here.
+template <typename T, typename S = T>
+inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
                         int64_t panel_rows, T* vp) {
   using V = typename VecOf<T>::type;
   constexpr int CT = kColTile<T>, L = kLanes<T>;
@@ -220,7 +224,8 @@ inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_
   for (int64_t c = 0; c < whole; c += CT) {
     T* dst = vp + (c / CT) * panel_rows * CT;
     for (int64_t j = 0; j < n; ++j) {
-      const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
+      const V a = vload_wide<T>(v + j * row_stride + c),
+              b = vload_wide<T>(v + j * row_stride + c + L);
       vstore(dst + j * CT, a);
       vstore(dst + j * CT + L, b);
       bad += (a - a) + (b - b);
@@ -231,11 +236,11 @@ inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_
     T* dst = vp + (whole / CT) * panel_rows * CT;
     const int64_t w = head_dim_v - whole;
     for (int64_t j = 0; j < n; ++j) {
-      const T* src = v + j * row_stride + whole;
+      const S* src = v + j * row_stride + whole;
       T* d = dst + j * CT;
       for (int64_t c = 0; c < w; ++c) {
-        d[c] = src[c];
-        bad_tail += src[c] - src[c];
+        d[c] = widen<T>(src[c]);
+        bad_tail += d[c] - d[c];
       }
       for (int64_t c = w; c < CT; ++c) d[c] = T(0);
     }
@@ -275,9 +280,10 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
 
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
 // (decoding), where packing K^T would cost more than the scores themselves. L keys at a
-// time, reduced together; every key's dot product has the same order of operations.
-template <typename T>
-inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
+// time, reduced together; every key's dot product has the same order of operations. Keys
+// stored in a narrower type S are widened as they are read.
+template <typename T, typename S = T>
+inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
                           int64_t s_ld, int64_t nrows, int64_t n) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
@@ -293,21 +299,22 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
         for (int64_t e = 0; e < e_whole; e += L) {
           const V qv = vload(qr + e);
           for (int i = 0; i < L; ++i)
-            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
+            acc[i] = vfma(qv, vload_wide<T>(k + (j + i) * k_row_stride + e), acc[i]);
         }
         V dots = reduce_lanes_of<T>(acc);
         for (int64_t e = e_whole; e < head_dim; ++e)
           for (int i = 0; i < L; ++i)
-            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
+            dots[i] = vfma(qr[e], widen<T>(k[(j + i) * k_row_stride + e]), T(dots[i]));
         vstore(sr + j, dots);
       }
     }
     for (; j < n; ++j) {
-      const T* kr = k + j * k_row_stride;
+      const S* kr = k + j * k_row_stride;
       V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
+      for (int64_t e = 0; e < e_whole; e += L)
+        acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
       T dot = reduce_add<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
       sr[j] = dot;
     }
   }
@@ -348,8 +355,8 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 
 // Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
 // the keys (no store-to-load chain through acc from one key to the next).
-template <typename T, int U>
-inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
+template <typename T, int U, typename S = T>
+inline void pv_row_cols(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t c,
                         T* acc) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
@@ -358,36 +365,37 @@ inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride,
   for (int64_t j = 0; j < n; ++j) {
     const T pj = p[j];
     if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride + c;
-    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload(vr + u * L), a[u]);
+    const S* vr = v + j * v_row_stride + c;
+    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload_wide<T>(vr + u * L), a[u]);
   }
   for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
 }
 
 // acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
 // keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
-// Each element still sums its keys in order, one fused multiply-add at a time.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
+// Each element still sums its keys in order, one fused multiply-add at a time. Values
+// stored in a narrower type S are widened as they are read.
+template <typename T, typename S = T>
+inline void pv_row(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t dv, T* acc) {
   constexpr int L = kLanes<T>;
   int64_t c = 0;
-  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
+  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8, S>(p, n, v, v_row_stride, c, acc);
   if (c + 4 * L <= dv) {
-    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 4, S>(p, n, v, v_row_stride, c, acc);
     c += 4 * L;
   }
   if (c + 2 * L <= dv) {
-    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 2, S>(p, n, v, v_row_stride, c, acc);
     c += 2 * L;
   }
   if (c + L <= dv) {
-    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 1, S>(p, n, v, v_row_stride, c, acc);
     c += L;
   }
   for (; c < dv; ++c) {
     T a = acc[c];
     for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
+      if (p[j] != T(0)) a = vfma(p[j], widen<T>(v[j * v_row_stride + c]), a);
     acc[c] = a;
   }
 }

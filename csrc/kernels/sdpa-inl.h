@@ -73,10 +73,11 @@ struct SdpaScratch {
 // kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
 // sub-block, and skipped columns are ones no row of the sub-block sees.
-template <typename T, bool kThin>
-void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
-                  int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
-                  const T* k_block, const T* v_block, bool* v_packed, bool* v_finite) {
+template <typename T, typename S, bool kThin>
+void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
+                  const RowRef<T, S>* rows, int64_t r0, int64_t r1, int64_t kb_block,
+                  int64_t n_block, int64_t c0, int64_t c1, const S* k_block, const S* v_block,
+                  bool* v_packed, bool* v_finite) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   constexpr T kNegInf = -T(__builtin_inf());
@@ -86,7 +87,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   const int64_t ncols = round_up(n, kColTile<T>);
   const int64_t nrows = r1 - r0;
   const T* kt = sc.kt + (c0 / kColTile<T>)*E * kColTile<T>;
-  const T* vb = v_block + c0 * p.v.row_stride;
+  const S* vb = v_block + c0 * p.v.row_stride;
   // Scores, masks, m and the weights' scores stay in natural units, which keeps every
   // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
   // which is <= 0 and can overflow only towards -inf, whose exp2 is the right 0.
@@ -120,7 +121,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the tile's width w.
   for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = rows[r0 + r];
+    const RowRef<T, S>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
@@ -182,7 +183,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
   if (!*v_packed) {
-    *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
+    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
     *v_packed = true;
   }
   if (*v_finite) {
@@ -222,8 +223,10 @@ struct SdpaShared {
 };
 
 // The driver's engine (driver-inl.h): dot scores (tiled, or direct when kThin) with softcap
-// and the online softmax; splittable over keys.
-template <typename T, bool kThin>
+// and the online softmax; splittable over keys. q/k/v/out are stored as S (T itself, or a
+// 16-bit float computed in T = float32): q is widened into the pre-scaled scratch, K and V
+// as they are packed or read, and out is rounded to S as it is written.
+template <typename T, typename S, bool kThin>
 struct SdpaEngine {
   using Params = SdpaParams;
   using Shared = SdpaShared<T>;
@@ -238,15 +241,15 @@ struct SdpaEngine {
 
   void layout(Arena& a) { sc.layout(a, p, plan); }
 
-  void begin(const TaskView<T>& tv) {
+  void begin(const TaskView<T, S>& tv) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
     const T scale = T(p.scale);
     for (int64_t r = 0; r < nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
+      const RowRef<T, S>& row = tv.rows[r];
       sc.m[r] = kNegInf;
       sc.l[r] = T(0);
-      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
+      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * widen<T>(row.q[e]);
       // Weights hold the masked scores (-inf = not attended) until the final lse is known.
       if (row.weights)
         for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
@@ -259,16 +262,16 @@ struct SdpaEngine {
 
   // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
   // of its rows see; K^T is packed once per block, V on first need.
-  void block(const TaskView<T>& tv, int64_t kb, int64_t n) {
+  void block(const TaskView<T, S>& tv, int64_t kb, int64_t n) {
     const int64_t ncols = round_up(n, kColTile<T>);
-    const T* k = tv.refs.k + kb * p.k.row_stride;
-    const T* v = tv.refs.v + kb * p.v.row_stride;
+    const S* k = tv.refs.k + kb * p.k.row_stride;
+    const S* v = tv.refs.v + kb * p.v.row_stride;
     bool packed = false, v_packed = false, v_finite = true;
     for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
       const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
       int64_t lo_min = kb + n, hi_max = kb;
       for (int64_t r = r0; r < r1; ++r) {
-        const RowRef<T>& row = tv.rows[r];
+        const RowRef<T, S>& row = tv.rows[r];
         const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
         if (lo < hi) {
           lo_min = imin(lo_min, lo);
@@ -277,31 +280,31 @@ struct SdpaEngine {
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
       if (!kThin && !packed) {
-        pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
+        pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
         packed = true;
       }
       const int64_t c0 = (lo_min - kb) / kColTile<T> * kColTile<T>;
-      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, &v_packed,
-                             &v_finite);
+      attend_block<T, S, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v,
+                                &v_packed, &v_finite);
     }
   }
 
   // Normalise once; a row that saw no key gets output 0 and lse -inf.
-  void finish(const TaskView<T>& tv) {
+  void finish(const TaskView<T, S>& tv) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     for (int64_t r = 0; r < tv.nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
+      const RowRef<T, S>& row = tv.rows[r];
       const T m = sc.m[r];
       const bool empty = (m == -T(__builtin_inf()));
       const T inv = empty ? T(0) : T(1) / sc.l[r];
       const T* a = sc.acc + r * Eva;
-      for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(empty ? T(0) : a[c] * inv);
       if (row.lse) *row.lse = lse_of(m, sc.l[r]);
       if (row.weights) finish_weights(row.weights, p.len_k, m, sc.l[r]);
     }
   }
 
-  void save_partial(const TaskView<T>& tv, int64_t t, int64_t split) {
+  void save_partial(const TaskView<T, S>& tv, int64_t t, int64_t split) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     T* part = sh.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
     for (int64_t r = 0; r < tv.nrows; ++r) {
@@ -313,15 +316,16 @@ struct SdpaEngine {
   }
 
   // The key splits of task t in split order (fixed, so results do not depend on which
-  // thread ran which split) -> the normalised output, lse and weights.
-  void merge(const TaskView<T>& tv, int64_t t) {
+  // thread ran which split) -> the normalised output, lse and weights. The output row is
+  // summed in the scratch accumulator (in T) and written once.
+  void merge(const TaskView<T, S>& tv, int64_t t) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t Ev = p.dim_v;
     const T* part = sh.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
     const int64_t split_stride = plan.max_rows * (Ev + 2);
     for (int64_t r = 0; r < tv.nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
-      T* out = row.out;
+      const RowRef<T, S>& row = tv.rows[r];
+      T* out = sc.acc;
       T m = kNegInf;
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
         const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
@@ -340,6 +344,7 @@ struct SdpaEngine {
         const T inv = T(1) / l;
         for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
       }
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(out[c]);
       if (row.lse) *row.lse = lse_of(m, l);
       if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
@@ -351,7 +356,7 @@ struct SdpaEngine {
 // of them. block_q (and so the task count) may follow the thread count (the driver keeps
 // results bit-identical); thin and the key splits are fixed by the shape alone, since the
 // specialisations round differently. Returns false if scratch could not be allocated.
-template <typename T>
+template <typename T, typename S>
 bool sdpa_forward(const SdpaParams& p) {
   const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
@@ -391,7 +396,7 @@ bool sdpa_forward(const SdpaParams& p) {
   }
   const bool ok = FASTATTN_BOOL_SWITCH(thin, kThin, [&] {
     return FASTATTN_BOOL_SWITCH(plan.key_splits > 1, kSplit, [&] {
-      return run_blocked<T, SdpaEngine<T, kThin>, kSplit>(p, plan, sh);
+      return run_blocked<T, SdpaEngine<T, S, kThin>, kSplit, S>(p, plan, sh);
     });
   });
   std::free(sh.partial);
@@ -410,8 +415,18 @@ void exp2_array(const T* x, T* out, int64_t n) {
 void exp2_f32(const float* x, float* out, int64_t n) { exp2_array(x, out, n); }
 void exp2_f64(const double* x, double* out, int64_t n) { exp2_array(x, out, n); }
 
-bool sdpa_forward_f32(const SdpaParams& params) { return sdpa_forward<float>(params); }
-bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double>(params); }
+// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
+bool sdpa_forward_f32(const SdpaParams& params) {
+  switch (params.storage) {
+    case Storage::kF16:
+      return sdpa_forward<float, Half>(params);
+    case Storage::kBF16:
+      return sdpa_forward<float, BFloat16>(params);
+    default:
+      return sdpa_forward<float, float>(params);
+  }
+}
+bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double, double>(params); }
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn
