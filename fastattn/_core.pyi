@@ -36,6 +36,8 @@ def sdpa(
     window_left: int,
     window_right: int,
     num_threads: int,
+    key_scale: NDArray[np.float32] | None = None,
+    value_scale: NDArray[np.float32] | None = None,
 ) -> None: ...
 def merge_states(
     outputs: Sequence[NDArray[np.floating]],

@@ -151,8 +151,11 @@ def pack(output, *extras):
 def sdpa_storage_dtype(args: SdpaArgs) -> np.dtype:
     """The dtype the SDPA kernels read q/k/v and write the output in: a float16 or bfloat16
     result (every input of that dtype) as it is, widened block by block inside the kernel
-    and rounded on store; otherwise the compute dtype."""
-    return args.result_dtype if is_16bit_float(args.result_dtype) else args.compute_dtype
+    and rounded on store; otherwise (int8 key/value included: a float32 query) the compute
+    dtype."""
+    if is_16bit_float(args.result_dtype) and not args.int8_kv:
+        return args.result_dtype
+    return args.compute_dtype
 
 
 def weights_dtype(args: SdpaArgs) -> np.dtype:

@@ -53,6 +53,8 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
+    key_scale: ArrayLike | None = None,
+    value_scale: ArrayLike | None = None,
 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, computed in blocks.
 
@@ -63,8 +65,11 @@ def scaled_dot_product_attention(
     query : array_like, shape ``(..., Hq, Lq, E)`` (or ``(Lq, E)``)
     key : array_like, shape ``(..., Hkv, Lk, E)``
     value : array_like, shape ``(..., Hkv, Lk, Ev)``
-        float16, float32 or float64; mixed dtypes promote with ``np.result_type``;
-        float16 is computed in float32 and returned as float16. Leading dims broadcast.
+        float16, bfloat16 (``ml_dtypes``), float32 or float64; mixed dtypes promote with
+        ``np.result_type``; float16 and bfloat16 are read as they are, computed in float32
+        and returned in their dtype. key and value may instead be int8 (a quantised cache,
+        see :func:`fastattn.quantize_kv`) with ``key_scale``/``value_scale``. Leading dims
+        broadcast.
         ``Hq % Hkv == 0``: query head ``h`` reads key/value head ``h // (Hq // Hkv)``
         (grouped-query / multi-query attention). Any strides; arrays whose last axis has
         unit stride are read in place.
@@ -93,6 +98,11 @@ def scaled_dot_product_attention(
         Written with the result and returned; exact output shape and dtype required.
     num_threads : int, optional
         Threads for this call (default: :func:`fastattn.get_num_threads`).
+    key_scale, value_scale : array_like, shape ``key.shape[:-1]``, optional
+        Required with int8 key/value, and only then: key ``j`` stands for
+        ``key[..., j, :] * key_scale[..., j]`` (value likewise). Dequantised inside the
+        kernel as the int8 bytes are read; computed in float32 (the query may be float16,
+        bfloat16 or float32; the result has its dtype).
 
     All masks combine by AND. A row that may attend no key returns zeros (lse ``-inf``,
     weights 0). The result is bit-identical for any thread count. The GIL is released
@@ -117,7 +127,7 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
-    if _fast_path:
+    if _fast_path and key_scale is None and value_scale is None:
         # The common call, checked and computed by the core; None: take the full path.
         result = _core.sdpa_fast(
             query=query,
@@ -137,7 +147,12 @@ def scaled_dot_product_attention(
         )
         if result is not None:
             return result
-    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out):
+    if _cuda.uses_gpu(query, key, value, attn_mask, valid_lens, out, key_scale, value_scale):
+        if key_scale is not None or value_scale is not None:
+            raise NotImplementedError(
+                "int8 key/value (key_scale/value_scale) do not run on CuPy arrays: pass NumPy "
+                "arrays, or float key/value"
+            )
         return _cuda.scaled_dot_product_attention(
             query,
             key,
@@ -165,6 +180,8 @@ def scaled_dot_product_attention(
         window,
         scale,
         softcap,
+        key_scale,
+        value_scale,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
@@ -186,9 +203,14 @@ def scaled_dot_product_attention(
     # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
     dtype, batch = sdpa_storage_dtype(args), args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
+    kv_dtype = np.dtype(np.int8) if args.int8_kv else dtype
     q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, dtype), batch)
-    v = to_batch(kernel_ready(args.value, dtype), batch)
+    k = to_batch(kernel_ready(args.key, kv_dtype), batch)
+    v = to_batch(kernel_ready(args.value, kv_dtype), batch)
+    scales = {}
+    if args.int8_kv:  # float32, unit stride along the keys
+        for name in ("key_scale", "value_scale"):
+            scales[name] = to_batch(kernel_ready(getattr(args, name), dtype), batch, 2)
     bool_mask, float_mask, lens = attention_masks(args)
     result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights, dtype)
 
@@ -210,6 +232,7 @@ def scaled_dot_product_attention(
         window_left=left,
         window_right=right,
         num_threads=threads,
+        **scales,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

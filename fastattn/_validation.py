@@ -294,6 +294,13 @@ class SdpaArgs:
     is_causal: bool
     diag_offset: int
     window: tuple[int, int]  # -1 = unbounded
+    # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
+    key_scale: np.ndarray | None = None
+    value_scale: np.ndarray | None = None
+
+    @property
+    def int8_kv(self) -> bool:
+        return self.key_scale is not None
 
     @property
     def full_scores_shape(self) -> tuple:
@@ -315,14 +322,21 @@ def _layout(
     window,
     weights=(),
     same_features=True,
+    int8_kv=False,
 ) -> SdpaArgs:
     """The layout rules shared by every attention function (``scale``/``softcap`` left at
     1 / None). ``same_features``: query and key must have the same feature size E >= 1
-    (else each is projected on its own). The dtypes of ``weights`` join the result's."""
+    (else each is projected on its own). The dtypes of ``weights`` join the result's.
+    ``int8_kv``: key and value are int8 arrays (checked by the caller); the result has
+    the query's dtype."""
     q = float_array(query, "query")
-    k = float_array(key, "key")
-    v = float_array(value, "value")
-    result, compute = result_dtypes(q, k, v, *weights)
+    if int8_kv:
+        k, v = key, value
+        result, compute = result_dtypes(q)
+    else:
+        k = float_array(key, "key")
+        v = float_array(value, "value")
+        result, compute = result_dtypes(q, k, v, *weights)
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     q3 = q if q.ndim >= 3 else q[None]
     k3 = k if k.ndim >= 3 else k[None]
@@ -385,6 +399,16 @@ def _layout(
     )
 
 
+def quantize_args(x: object, axis: object) -> tuple[np.ndarray, int]:
+    """quantize_kv's input (a float array of at least 1 dim) and its axis, normalised."""
+    a = float_array(x, "x", min_ndim=1)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    if not -a.ndim <= axis < a.ndim:
+        raise ValueError(f"axis {axis} is out of range for x of {a.ndim} dimensions")
+    return a, int(axis) % a.ndim
+
+
 def _check_scale(scale: object, args: SdpaArgs) -> float:
     """``scale`` (default ``1 / sqrt(E)``), finite in the compute dtype."""
     value = 1.0 / math.sqrt(args.query.shape[-1]) if scale is None else check_real(scale, "scale")
@@ -396,10 +420,75 @@ def _check_scale(scale: object, args: SdpaArgs) -> float:
     return value
 
 
+def _int8_kv(key, value, key_scale, value_scale) -> bool:
+    """Whether key/value are int8 (a quantised cache), with the scale rules: int8 key and
+    value come together and each with its scale; a scale goes with int8 only."""
+    k_int8 = isinstance(key, np.ndarray) and key.dtype == np.int8
+    v_int8 = isinstance(value, np.ndarray) and value.dtype == np.int8
+    for name, is_int8, scale, arr in (
+        ("key", k_int8, key_scale, key),
+        ("value", v_int8, value_scale, value),
+    ):
+        if is_int8 and scale is None:
+            raise TypeError(
+                f"{name} is int8: {name}_scale (float, shape {name}.shape[:-1], one scale per "
+                f"{name} vector) is required to say what it stands for"
+            )
+        if not is_int8 and scale is not None:
+            raise TypeError(
+                f"{name}_scale is only for an int8 {name} (a quantised cache), got {name} of "
+                f"dtype {np.asarray(arr).dtype}"
+            )
+    if k_int8 != v_int8:
+        raise TypeError("key and value must both be int8 (quantised) or both floating point")
+    return k_int8
+
+
+def _kv_scale(scale: object, name: str, kv: np.ndarray) -> np.ndarray:
+    """A scale array of an int8 key/value: float, shape ``kv.shape[:-1]``."""
+    s = float_array(scale, name, min_ndim=0)
+    if s.shape != kv.shape[:-1]:
+        raise ValueError(
+            f"{name} must have shape {kv.shape[:-1]} (key.shape[:-1], one scale per vector), "
+            f"got shape {s.shape}"
+        )
+    return s
+
+
 def sdpa_args(
-    query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, scale, softcap
+    query,
+    key,
+    value,
+    attn_mask,
+    valid_lens,
+    is_causal,
+    causal_alignment,
+    window,
+    scale,
+    softcap,
+    key_scale=None,
+    value_scale=None,
 ) -> SdpaArgs:
-    args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window)
+    int8 = _int8_kv(key, value, key_scale, value_scale)
+    if int8:
+        if key.ndim < 2 or value.ndim < 2:
+            raise ValueError(
+                f"key and value must have at least 2 dimensions (..., L, E), got shapes "
+                f"{key.shape} and {value.shape}"
+            )
+        ks = _kv_scale(key_scale, "key_scale", key)
+        vs = _kv_scale(value_scale, "value_scale", value)
+    args = _layout(
+        query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, int8_kv=int8
+    )
+    if int8:
+        if args.compute_dtype != np.float32:
+            raise TypeError(
+                "int8 key/value are computed in float32: query must be float16, bfloat16 or "
+                f"float32, got {args.query.dtype}"
+            )
+        args.key_scale = ks if ks.ndim >= 2 else ks[None]
+        args.value_scale = vs if vs.ndim >= 2 else vs[None]
     args.scale = _check_scale(scale, args)
     cap = None if softcap is None else check_real(softcap, "softcap", positive=True)
     if cap is not None and cap > _FINFO_MAX[args.compute_dtype]:

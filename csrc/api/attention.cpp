@@ -66,7 +66,13 @@ void check_attention(const AttnCall& c, const char* fn, const char* dims_differ,
                      bool storage_ok) {
   const Storage storage = storage_ok ? storage_of(c.query) : Storage::kCompute;
   int64_t itemsize = 4;  // of the compute type (masks, lse, weights)
-  if (storage == Storage::kCompute) {
+  // int8 key and value (a quantised cache) with a float32 query.
+  auto is_int8 = [](const ArrayRef& a) { return a.kind == 'i' && a.itemsize == 1; };
+  const bool int8_kv = storage_ok && storage == Storage::kCompute && c.query.kind == 'f' &&
+                       c.query.itemsize == 4 && is_int8(c.key) && is_int8(c.value);
+  if (int8_kv) {
+    require(c.out.kind == 'f' && c.out.itemsize == 4, fn, "query/key/value/out dtypes differ");
+  } else if (storage == Storage::kCompute) {
     require(c.query.kind == 'f' && (c.query.itemsize == 4 || c.query.itemsize == 8), fn,
             "query must be float32 or float64");
     itemsize = c.query.itemsize;
@@ -83,6 +89,7 @@ void check_attention(const AttnCall& c, const char* fn, const char* dims_differ,
 
   AttnParams& p = *out;
   p.storage = storage;
+  p.kv_storage = int8_kv ? Storage::kI8 : storage;
   p.batch_ndim = bn;
   for (int64_t d = 0; d < bn; ++d) {
     p.batch_shape[d] = c.query.shape[d];

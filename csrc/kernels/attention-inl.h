@@ -112,9 +112,9 @@ struct TaskRefs {
 // Resolves task c: fills refs and rows[0:c.heads * c.nq) (head-major: row r is query head
 // h0 + r / nq, position i0 + r % nq) with visible keys clipped to [key_begin, key_end).
 // Returns the union of the rows' ranges in *klo, *khi (klo >= khi when no row sees a key).
-template <typename T, typename S = T>
+template <typename T, typename S = T, typename KV = S>
 inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
-                            int64_t key_end, TaskRefs<S>* refs, RowRef<T, S>* rows, int64_t* klo,
+                            int64_t key_end, TaskRefs<KV>* refs, RowRef<T, S>* rows, int64_t* klo,
                             int64_t* khi) {
   const int64_t bn = p.batch_ndim;
   int64_t* coord = refs->coord;
@@ -122,9 +122,9 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     coord[d] = rest % p.batch_shape[d];
     rest /= p.batch_shape[d];
   }
-  refs->k = static_cast<const S*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
+  refs->k = static_cast<const KV*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
             c.hk * p.k.head_stride;
-  refs->v = static_cast<const S*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
+  refs->v = static_cast<const KV*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
             c.hk * p.v.head_stride;
   const S* q_b = static_cast<const S*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
   S* out_b =
@@ -193,16 +193,21 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
-// Keys stored in a narrower type S are widened here, once per block.
+// Keys stored in a narrower type S are widened here, once per block; int8 keys are
+// dequantised with their scales (scale[j] for key j; null for float keys).
 template <typename T, typename S = T>
 inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
-                      T* kt) {
+                      T* kt, const float* scale = nullptr) {
   constexpr int CT = kColTile<T>;
   for (int64_t j = 0; j < ncols; ++j) {
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
       const S* kr = k + j * row_stride;
-      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]);
+      if constexpr (std::is_same_v<S, int8_t>) {
+        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]) * scale[j];
+      } else {
+        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]);
+      }
     } else {
       for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
     }
@@ -213,10 +218,10 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
 // last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
 // Returns whether every value of the block is finite: only then may P V multiply a zero
 // probability by a value (0 * inf = NaN otherwise). Values stored in a narrower type S are
-// widened here.
+// widened here; int8 values dequantised with their scales (as pack_keys).
 template <typename T, typename S = T>
 inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
-                        int64_t panel_rows, T* vp) {
+                        int64_t panel_rows, T* vp, const float* scale = nullptr) {
   using V = typename VecOf<T>::type;
   constexpr int CT = kColTile<T>, L = kLanes<T>;
   V bad = V{};  // NaN in a lane once an inf or NaN went through it
@@ -224,8 +229,11 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
   for (int64_t c = 0; c < whole; c += CT) {
     T* dst = vp + (c / CT) * panel_rows * CT;
     for (int64_t j = 0; j < n; ++j) {
-      const V a = vload_wide<T>(v + j * row_stride + c),
-              b = vload_wide<T>(v + j * row_stride + c + L);
+      V a = vload_wide<T>(v + j * row_stride + c), b = vload_wide<T>(v + j * row_stride + c + L);
+      if constexpr (std::is_same_v<S, int8_t>) {
+        a *= vbroadcast(T(scale[j]));
+        b *= vbroadcast(T(scale[j]));
+      }
       vstore(dst + j * CT, a);
       vstore(dst + j * CT + L, b);
       bad += (a - a) + (b - b);
@@ -240,6 +248,7 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
       T* d = dst + j * CT;
       for (int64_t c = 0; c < w; ++c) {
         d[c] = widen<T>(src[c]);
+        if constexpr (std::is_same_v<S, int8_t>) d[c] *= scale[j];
         bad_tail += d[c] - d[c];
       }
       for (int64_t c = w; c < CT; ++c) d[c] = T(0);
@@ -281,10 +290,11 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
 // (decoding), where packing K^T would cost more than the scores themselves. L keys at a
 // time, reduced together; every key's dot product has the same order of operations. Keys
-// stored in a narrower type S are widened as they are read.
+// stored in a narrower type S are widened as they are read; an int8 key's dot product is
+// multiplied by its scale (scale[j] for key j; null for float keys).
 template <typename T, typename S = T>
 inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
-                          int64_t s_ld, int64_t nrows, int64_t n) {
+                          int64_t s_ld, int64_t nrows, int64_t n, const float* scale = nullptr) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   const int64_t e_whole = head_dim / L * L;
@@ -305,6 +315,7 @@ inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_ro
         for (int64_t e = e_whole; e < head_dim; ++e)
           for (int i = 0; i < L; ++i)
             dots[i] = vfma(qr[e], widen<T>(k[(j + i) * k_row_stride + e]), T(dots[i]));
+        if constexpr (std::is_same_v<S, int8_t>) dots *= vload(scale + j);
         vstore(sr + j, dots);
       }
     }
@@ -315,6 +326,7 @@ inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_ro
         acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
       T dot = reduce_add<T>(acc);
       for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
+      if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j];
       sr[j] = dot;
     }
   }
@@ -356,15 +368,17 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 // Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
 // the keys (no store-to-load chain through acc from one key to the next).
 template <typename T, int U, typename S = T>
-inline void pv_row_cols(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t c,
-                        T* acc) {
+inline void pv_row_cols(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t c, T* acc,
+                        const float* scale) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   V a[U];
   for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
   for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
+    if (p[j] == T(0)) continue;
+    // An int8 value row's scale folds into its probability.
+    T pj = p[j];
+    if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
     const S* vr = v + j * v_row_stride + c;
     for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload_wide<T>(vr + u * L), a[u]);
   }
@@ -374,28 +388,34 @@ inline void pv_row_cols(const T* p, int64_t n, const S* v, int64_t v_row_stride,
 // acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
 // keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
 // Each element still sums its keys in order, one fused multiply-add at a time. Values
-// stored in a narrower type S are widened as they are read.
+// stored in a narrower type S are widened as they are read; int8 ones scaled by scale[j]
+// (null for float values), folded into the probability.
 template <typename T, typename S = T>
-inline void pv_row(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t dv, T* acc) {
+inline void pv_row(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t dv, T* acc,
+                   const float* scale = nullptr) {
   constexpr int L = kLanes<T>;
   int64_t c = 0;
-  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8, S>(p, n, v, v_row_stride, c, acc);
+  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8, S>(p, n, v, v_row_stride, c, acc, scale);
   if (c + 4 * L <= dv) {
-    pv_row_cols<T, 4, S>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 4, S>(p, n, v, v_row_stride, c, acc, scale);
     c += 4 * L;
   }
   if (c + 2 * L <= dv) {
-    pv_row_cols<T, 2, S>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 2, S>(p, n, v, v_row_stride, c, acc, scale);
     c += 2 * L;
   }
   if (c + L <= dv) {
-    pv_row_cols<T, 1, S>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 1, S>(p, n, v, v_row_stride, c, acc, scale);
     c += L;
   }
   for (; c < dv; ++c) {
     T a = acc[c];
     for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a = vfma(p[j], widen<T>(v[j * v_row_stride + c]), a);
+      if (p[j] != T(0)) {
+        T pj = p[j];
+        if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
+        a = vfma(pj, widen<T>(v[j * v_row_stride + c]), a);
+      }
     acc[c] = a;
   }
 }

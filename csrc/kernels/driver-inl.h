@@ -76,20 +76,20 @@ inline int64_t batch_count(const AttnParams& p) {
 }
 
 // What an engine sees of a task: its coordinates, data, rows (visible keys clipped to
-// [key_begin, key_end)); S is the storage type of q/k/v/out (RowRef).
-template <typename T, typename S = T>
+// [key_begin, key_end)); S is the storage type of q/out (RowRef), KV that of k/v.
+template <typename T, typename S = T, typename KV = S>
 struct TaskView {
   TaskCoord c;
-  TaskRefs<S> refs;
+  TaskRefs<KV> refs;
   RowRef<T, S>* rows;
   int64_t nrows;
   int64_t key_begin, key_end;
 };
 
 // Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see.
-template <typename T, typename S>
+template <typename T, typename S, typename KV>
 inline void open_task(const AttnParams& p, const Plan& plan, int64_t t, int64_t key_begin,
-                      int64_t key_end, RowRef<T, S>* rows, TaskView<T, S>* tv, int64_t* klo,
+                      int64_t key_end, RowRef<T, S>* rows, TaskView<T, S, KV>* tv, int64_t* klo,
                       int64_t* khi) {
   tv->c = task_coord(p, t, plan.heads, plan.block_q, plan.q_blocks);
   tv->rows = rows;
@@ -100,7 +100,7 @@ inline void open_task(const AttnParams& p, const Plan& plan, int64_t t, int64_t 
 }
 
 // Runs every task of the call; false if a thread's scratch could not be allocated.
-template <typename T, typename Engine, bool kSplit, typename S = T>
+template <typename T, typename Engine, bool kSplit, typename S = T, typename KV = S>
 bool run_blocked(const typename Engine::Params& p, const Plan& plan,
                  const typename Engine::Shared& shared) {
   static_assert(!kSplit || Engine::kSplitKeys,
@@ -120,7 +120,7 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
 #pragma omp atomic write
       failed = true;
     }
-    TaskView<T, S> tv;
+    TaskView<T, S, KV> tv;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!raw) continue;

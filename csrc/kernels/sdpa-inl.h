@@ -73,11 +73,12 @@ struct SdpaScratch {
 // kb_block and holds n_block keys (K^T already packed in sc.kt; V packed on first need).
 // c0 is a multiple of kColTile, so column lanes line up with the block's whatever the
 // sub-block, and skipped columns are ones no row of the sub-block sees.
-template <typename T, typename S, bool kThin>
+// ks/vs: the block's int8 key/value scales (null for float K/V).
+template <typename T, typename S, typename KV, bool kThin>
 void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
                   const RowRef<T, S>* rows, int64_t r0, int64_t r1, int64_t kb_block,
-                  int64_t n_block, int64_t c0, int64_t c1, const S* k_block, const S* v_block,
-                  bool* v_packed, bool* v_finite) {
+                  int64_t n_block, int64_t c0, int64_t c1, const KV* k_block, const KV* v_block,
+                  const float* ks, const float* vs, bool* v_packed, bool* v_finite) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   constexpr T kNegInf = -T(__builtin_inf());
@@ -87,7 +88,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   const int64_t ncols = round_up(n, kColTile<T>);
   const int64_t nrows = r1 - r0;
   const T* kt = sc.kt + (c0 / kColTile<T>)*E * kColTile<T>;
-  const S* vb = v_block + c0 * p.v.row_stride;
+  const KV* vb = v_block + c0 * p.v.row_stride;
+  const float* vsb = vs ? vs + c0 : nullptr;
   // Scores, masks, m and the weights' scores stay in natural units, which keeps every
   // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
   // which is <= 0 and can overflow only towards -inf, whose exp2 is the right 0.
@@ -111,7 +113,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   }
   if (kThin) {
     scores_direct(sc.q + r0 * E, E, k_block + c0 * p.k.row_stride, p.k.row_stride, sc.s, kt_ld,
-                  nrows, n);
+                  nrows, n, ks ? ks + c0 : nullptr);
   } else {
     for (int64_t t = 0; t < tile_rows / RT; ++t)
       if (width[t] > 0)
@@ -174,7 +176,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   T* acc = sc.acc + r0 * Eva;
   if (kThin) {  // straight from the value rows
     for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva);
+      pv_row(sc.s + r * kt_ld, n, vb, p.v.row_stride, Ev, acc + r * Eva, vsb);
     return;
   }
   // The probabilities of a tile's rows are written up to its width (zeros past each row's
@@ -183,7 +185,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
   if (!*v_packed) {
-    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
+    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
     *v_packed = true;
   }
   if (*v_finite) {
@@ -193,7 +195,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
                 Eva, acc + r * Eva, Eva);
   } else {
     for (int64_t r = 0; r < nrows; ++r)
-      pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva);
+      pv_row(sc.s + r * kt_ld, imin(width[r / RT], n), vb, p.v.row_stride, Ev, acc + r * Eva, vsb);
   }
 }
 
@@ -225,8 +227,9 @@ struct SdpaShared {
 // The driver's engine (driver-inl.h): dot scores (tiled, or direct when kThin) with softcap
 // and the online softmax; splittable over keys. q/k/v/out are stored as S (T itself, or a
 // 16-bit float computed in T = float32): q is widened into the pre-scaled scratch, K and V
-// as they are packed or read, and out is rounded to S as it is written.
-template <typename T, typename S, bool kThin>
+// as they are packed or read, and out is rounded to S as it is written. K/V stored as KV:
+// S itself, or int8 dequantised with their per-key scales as they are packed or read.
+template <typename T, typename S, typename KV, bool kThin>
 struct SdpaEngine {
   using Params = SdpaParams;
   using Shared = SdpaShared<T>;
@@ -235,16 +238,26 @@ struct SdpaEngine {
   const Plan& plan;
   const Shared& sh;
   SdpaScratch<T> sc;
+  const float* ks = nullptr;  // the task's int8 key/value scales, per key (null for float)
+  const float* vs = nullptr;
 
   SdpaEngine(const SdpaParams& params, const Plan& pl, const Shared& shared)
       : p(params), plan(pl), sh(shared) {}
 
   void layout(Arena& a) { sc.layout(a, p, plan); }
 
-  void begin(const TaskView<T, S>& tv) {
+  void begin(const TaskView<T, S, KV>& tv) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
     const T scale = T(p.scale);
+    if constexpr (std::is_same_v<KV, int8_t>) {
+      ks = static_cast<const float*>(p.key_scale.data) +
+           batch_offset(p.key_scale.batch_stride, tv.refs.coord, p.batch_ndim) +
+           tv.c.hk * p.key_scale.head_stride;
+      vs = static_cast<const float*>(p.value_scale.data) +
+           batch_offset(p.value_scale.batch_stride, tv.refs.coord, p.batch_ndim) +
+           tv.c.hk * p.value_scale.head_stride;
+    }
     for (int64_t r = 0; r < nrows; ++r) {
       const RowRef<T, S>& row = tv.rows[r];
       sc.m[r] = kNegInf;
@@ -262,10 +275,12 @@ struct SdpaEngine {
 
   // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
   // of its rows see; K^T is packed once per block, V on first need.
-  void block(const TaskView<T, S>& tv, int64_t kb, int64_t n) {
+  void block(const TaskView<T, S, KV>& tv, int64_t kb, int64_t n) {
     const int64_t ncols = round_up(n, kColTile<T>);
-    const S* k = tv.refs.k + kb * p.k.row_stride;
-    const S* v = tv.refs.v + kb * p.v.row_stride;
+    const KV* k = tv.refs.k + kb * p.k.row_stride;
+    const KV* v = tv.refs.v + kb * p.v.row_stride;
+    const float* kbs = ks ? ks + kb : nullptr;
+    const float* vbs = vs ? vs + kb : nullptr;
     bool packed = false, v_packed = false, v_finite = true;
     for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
       const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
@@ -280,17 +295,17 @@ struct SdpaEngine {
       }
       if (lo_min >= hi_max) continue;  // no row of this sub-block sees this key block
       if (!kThin && !packed) {
-        pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
+        pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt, kbs);
         packed = true;
       }
       const int64_t c0 = (lo_min - kb) / kColTile<T> * kColTile<T>;
-      attend_block<T, S, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v,
-                                &v_packed, &v_finite);
+      attend_block<T, S, KV, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, k, v, kbs,
+                                    vbs, &v_packed, &v_finite);
     }
   }
 
   // Normalise once; a row that saw no key gets output 0 and lse -inf.
-  void finish(const TaskView<T, S>& tv) {
+  void finish(const TaskView<T, S, KV>& tv) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     for (int64_t r = 0; r < tv.nrows; ++r) {
       const RowRef<T, S>& row = tv.rows[r];
@@ -304,7 +319,7 @@ struct SdpaEngine {
     }
   }
 
-  void save_partial(const TaskView<T, S>& tv, int64_t t, int64_t split) {
+  void save_partial(const TaskView<T, S, KV>& tv, int64_t t, int64_t split) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     T* part = sh.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
     for (int64_t r = 0; r < tv.nrows; ++r) {
@@ -318,7 +333,7 @@ struct SdpaEngine {
   // The key splits of task t in split order (fixed, so results do not depend on which
   // thread ran which split) -> the normalised output, lse and weights. The output row is
   // summed in the scratch accumulator (in T) and written once.
-  void merge(const TaskView<T, S>& tv, int64_t t) {
+  void merge(const TaskView<T, S, KV>& tv, int64_t t) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t Ev = p.dim_v;
     const T* part = sh.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
@@ -356,7 +371,7 @@ struct SdpaEngine {
 // of them. block_q (and so the task count) may follow the thread count (the driver keeps
 // results bit-identical); thin and the key splits are fixed by the shape alone, since the
 // specialisations round differently. Returns false if scratch could not be allocated.
-template <typename T, typename S>
+template <typename T, typename S, typename KV = S>
 bool sdpa_forward(const SdpaParams& p) {
   const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
@@ -396,7 +411,7 @@ bool sdpa_forward(const SdpaParams& p) {
   }
   const bool ok = FASTATTN_BOOL_SWITCH(thin, kThin, [&] {
     return FASTATTN_BOOL_SWITCH(plan.key_splits > 1, kSplit, [&] {
-      return run_blocked<T, SdpaEngine<T, S, kThin>, kSplit, S>(p, plan, sh);
+      return run_blocked<T, SdpaEngine<T, S, KV, kThin>, kSplit, S, KV>(p, plan, sh);
     });
   });
   std::free(sh.partial);
@@ -415,8 +430,10 @@ void exp2_array(const T* x, T* out, int64_t n) {
 void exp2_f32(const float* x, float* out, int64_t n) { exp2_array(x, out, n); }
 void exp2_f64(const double* x, double* out, int64_t n) { exp2_array(x, out, n); }
 
-// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
+// float32 compute serves float32 arrays, the 16-bit storage types (params.storage) and
+// int8 K/V with a float32 query (params.kv_storage).
 bool sdpa_forward_f32(const SdpaParams& params) {
+  if (params.kv_storage == Storage::kI8) return sdpa_forward<float, float, int8_t>(params);
   switch (params.storage) {
     case Storage::kF16:
       return sdpa_forward<float, Half>(params);

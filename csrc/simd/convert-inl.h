@@ -105,6 +105,7 @@ inline S narrow(T x) {
 // kLanes<float> 16-bit patterns, and as many 32-bit ones (one float vector).
 typedef uint16_t Bits16x __attribute__((vector_size(2 * kLanes<float>)));
 typedef uint32_t Bits32x __attribute__((vector_size(4 * kLanes<float>)));
+typedef int8_t Int8x __attribute__((vector_size(kLanes<float>)));
 
 // kLanes<T> stored elements at p as one Vec<T> (unaligned).
 template <typename T, typename S>
@@ -119,6 +120,11 @@ inline Vec<T> vload_wide(const S* p) {
     Vec<float> r;
     __builtin_memcpy(&r, &w, sizeof r);
     return r;
+  } else if constexpr (std::is_same_v<S, int8_t>) {
+    static_assert(std::is_same_v<T, float>, "int8 storage is computed in float32");
+    Int8x b;  // sign-extended and converted, exactly
+    __builtin_memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, Vec<float>);
   } else {
     if constexpr (std::is_same_v<S, Half>) {
 #if defined(__AVX512F__)

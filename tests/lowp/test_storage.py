@@ -121,3 +121,35 @@ def test_float16_makes_no_float32_copy():
         finally:
             tracemalloc.stop()
         assert peak < q.size * 4, peak
+
+
+def test_family_takes_bfloat16():
+    """The family computes bfloat16 in float32 (converted in Python) and returns bfloat16
+    (weights float32), as its reference twins do."""
+    rng = np.random.default_rng(5)
+    t = bf16()
+    q, k, v = (rng.standard_normal((2, 6, 8)).astype(t) for _ in range(3))
+    w_q, w_k = (rng.standard_normal((8, 4)).astype(t) for _ in range(2))
+    w_v = rng.standard_normal(4).astype(t)
+    calls = [
+        ("attention", (q, k, v), {"score": "cosine"}),
+        ("additive_attention", (q, k, v, w_q, w_k, w_v), {}),
+        ("nadaraya_watson", (q, k, v), {"bandwidth": 2.0}),
+    ]
+    for name, args, kwargs in calls:
+        got, w = getattr(fastattn, name)(*args, **kwargs, return_weights=True)
+        want, tw = getattr(fastattn.reference, name)(*args, **kwargs, return_weights=True)
+        assert got.dtype == want.dtype == t and w.dtype == tw.dtype == np.float32, name
+        # Both round a float32/float64 result to bfloat16: one bfloat16 ulp apart at most.
+        np.testing.assert_allclose(
+            got.astype(np.float32), want.astype(np.float32), atol=2**-7, rtol=2**-7
+        )
+    x = rng.standard_normal((3, 7)).astype(t)
+    out = fastattn.masked_softmax(x)
+    assert out.dtype == t
+    np.testing.assert_allclose(
+        out.astype(np.float32),
+        fastattn.reference.masked_softmax(x).astype(np.float32),
+        atol=2**-8,
+        rtol=2**-7,
+    )
