@@ -203,10 +203,24 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
       const S* kr = k + j * row_stride;
-      if constexpr (std::is_same_v<S, int8_t>) {
-        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]) * scale[j];
+      if constexpr (std::is_same_v<S, T>) {
+        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
       } else {
-        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = widen<T>(kr[e]);
+        // A narrower key row is widened a whole vector at a time (one conversion
+        // instruction where the ISA has one, not one per element), then scattered.
+        using V = typename VecOf<T>::type;
+        constexpr int L = kLanes<T>;
+        const T s = std::is_same_v<S, int8_t> ? T(scale[j]) : T(1);
+        int64_t e = 0;
+        for (; e + L <= head_dim; e += L) {
+          V x = vload_wide<T>(kr + e);
+          if constexpr (std::is_same_v<S, int8_t>) x *= vbroadcast(s);
+          T lanes[L];
+          vstore(lanes, x);
+          for (int i = 0; i < L; ++i) dst[(e + i) * CT] = lanes[i];
+        }
+        for (; e < head_dim; ++e)
+          dst[e * CT] = std::is_same_v<S, int8_t> ? widen<T>(kr[e]) * s : widen<T>(kr[e]);
       }
     } else {
       for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);

@@ -153,3 +153,8 @@ def test_family_takes_bfloat16():
         atol=2**-8,
         rtol=2**-7,
     )
+
+
+def test_show_config_says_whether_avx512_bf16_is_there():
+    line = fastattn._config.config()["avx512_bf16"]
+    assert line.startswith("supported" if fastattn._core.cpu_has_avx512_bf16() else "not")
