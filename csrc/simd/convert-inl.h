@@ -122,7 +122,19 @@ inline Vec<T> vload_wide(const S* p) {
     return r;
   } else if constexpr (std::is_same_v<S, int8_t>) {
     static_assert(std::is_same_v<T, float>, "int8 storage is computed in float32");
-    Int8x b;  // sign-extended and converted, exactly
+    // Sign-extended and converted, exactly. GCC lowers the generic conversion of an int8
+    // vector lane by lane, so the wide ISAs say which instructions.
+#if defined(__AVX512F__)
+    if constexpr (sizeof(Vec<float>) == 64)
+      return (Vec<float>)_mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+#if defined(__AVX2__)
+    if constexpr (sizeof(Vec<float>) == 32)
+      return (Vec<float>)_mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+    Int8x b;
     __builtin_memcpy(&b, p, sizeof b);
     return __builtin_convertvector(b, Vec<float>);
   } else {
