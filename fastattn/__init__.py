@@ -25,6 +25,7 @@ from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
+from fastattn._quantize import quantize_kv
 from fastattn._sdpa import merge_attention_states, scaled_dot_product_attention
 from fastattn._threads import get_num_threads, set_num_threads
 from fastattn._varlen import varlen_attention
@@ -68,6 +69,7 @@ __all__ = [
     "merge_attention_states",
     "nadaraya_watson",
     "plot_attention",
+    "quantize_kv",
     "scaled_dot_product_attention",
     "set_num_threads",
     "show_config",

@@ -21,6 +21,12 @@ def config() -> dict[str, str]:
         "isa": _core.active_isa(),
         "isas_available": ", ".join(_core.available_isas()),
         "isas_compiled": ", ".join(_core.compiled_isas()),
+        # bfloat16 is widened to float32 by every ISA's kernels; vdpbf16ps is not used yet.
+        "avx512_bf16": (
+            "supported by this CPU (not used: bfloat16 is widened to float32)"
+            if _core.cpu_has_avx512_bf16()
+            else "not supported by this CPU"
+        ),
         "num_threads": str(_threads.get_num_threads()),
         "cuda": _cuda.describe(),  # CuPy's version and the device, when it sees a GPU
     }

@@ -31,6 +31,7 @@ from fastattn._prepare import (
     result_buffer,
     softmax_masks,
     to_batch,
+    weights_dtype,
 )
 from fastattn._validation import (
     KERNELS,
@@ -672,4 +673,4 @@ def nadaraya_watson(
     )
 
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
-    return pack(output, extra(weights, ra.weights_shape, ra.result_dtype))
+    return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))

@@ -16,6 +16,7 @@ import numpy as np
 
 from fastattn import _dispatch
 from fastattn._compute import average_heads, split_heads
+from fastattn._quantize import quantize_kv
 from fastattn._sdpa import scaled_dot_product_attention
 from fastattn._validation import (
     check_flag,
@@ -123,26 +124,45 @@ class KVCache:
     ----------
     batch, max_len, num_kv_heads, head_dim : int
     dtype : numpy.dtype
+        The layer's dtype (what the cache holds, unless ``quantized``).
+    quantized : bool
+        Stored as int8 with one float32 scale per key/value vector
+        (``new_kv_cache(..., dtype="int8")``); appending quantises the new positions
+        (:func:`fastattn.quantize_kv`) and decoding reads the int8 bytes.
     length : int
         Positions filled so far (``len(cache)``).
     key, value : ndarray, shape ``(batch, num_kv_heads, length, head_dim)``
-        Views of the filled part (not copies).
+        Views of the filled part (not copies); int8 when ``quantized``.
+    key_scale, value_scale : ndarray, shape ``(batch, num_kv_heads, length)``, or None
+        The float32 scales of a quantized cache (views).
 
     Storage is head-major, ``(batch, num_kv_heads, max_len, head_dim)``: each head's keys
     are contiguous, which the kernel reads fastest when one query row scans them all.
     """
 
     def __init__(
-        self, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
+        self,
+        batch: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: np.dtype,
+        quantized: bool = False,
     ) -> None:
         self.batch = batch
         self.max_len = max_len
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.quantized = quantized
         self.length = 0
-        self._key = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype)
-        self._value = np.zeros((batch, num_kv_heads, max_len, head_dim), dtype)
+        store = np.int8 if quantized else dtype
+        self._key = np.zeros((batch, num_kv_heads, max_len, head_dim), store)
+        self._value = np.zeros((batch, num_kv_heads, max_len, head_dim), store)
+        self._key_scale = self._value_scale = None
+        if quantized:
+            self._key_scale = np.zeros((batch, num_kv_heads, max_len), np.float32)
+            self._value_scale = np.zeros((batch, num_kv_heads, max_len), np.float32)
 
     def __len__(self) -> int:
         return self.length
@@ -155,6 +175,14 @@ class KVCache:
     def value(self) -> np.ndarray:
         return self._value[:, :, : self.length]
 
+    @property
+    def key_scale(self) -> np.ndarray | None:
+        return None if self._key_scale is None else self._key_scale[:, :, : self.length]
+
+    @property
+    def value_scale(self) -> np.ndarray | None:
+        return None if self._value_scale is None else self._value_scale[:, :, : self.length]
+
     def reset(self) -> None:
         """Forget every position (the storage is kept for reuse)."""
         self.length = 0
@@ -163,7 +191,7 @@ class KVCache:
         return (
             f"KVCache(batch={self.batch}, length={self.length}, max_len={self.max_len}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"dtype={self.dtype})"
+            f"dtype={self.dtype}{', int8' if self.quantized else ''})"
         )
 
 
@@ -437,13 +465,31 @@ class MultiHeadAttention:
             start, stop = kv_cache_rows(
                 kv_cache, KVCache, (self.num_kv_heads, self.head_dim, self.dtype), b, k_in.shape[1]
             )
-            # Project the new positions straight into the cache's rows.
-            self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, start:stop])
-            self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, start:stop])
+            rows = slice(start, stop)
+            if kv_cache.quantized:
+                # The new positions projected, then quantised into the cache's rows.
+                for proj, x, store, scales in (
+                    (self.k_proj, k_in, kv_cache._key, kv_cache._key_scale),
+                    (self.v_proj, v_in, kv_cache._value, kv_cache._value_scale),
+                ):
+                    fresh = np.empty((b, self.num_kv_heads, stop - start, self.head_dim), dt)
+                    store[:, :, rows], scales[:, :, rows] = quantize_kv(
+                        proj.into_heads(x, self.num_kv_heads, fresh)
+                    )
+                scaled = {
+                    "key_scale": kv_cache._key_scale[:, :, :stop],
+                    "value_scale": kv_cache._value_scale[:, :, :stop],
+                }
+            else:
+                # Project the new positions straight into the cache's rows.
+                self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, rows])
+                self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, rows])
             k = kv_cache._key[:, :, :stop]
             v = kv_cache._value[:, :, :stop]
             alignment = "bottom_right"
 
+        if kv_cache is None or not kv_cache.quantized:
+            scaled = {}
         if num_q == 1 and not want_weights:
             # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
             # call needs no out= and takes the core's fast path (which declines out=).
@@ -457,6 +503,7 @@ class MultiHeadAttention:
                 causal_alignment=alignment,
                 sinks=self._sinks,
                 num_threads=num_threads,
+                **scaled,
             )
         else:
             # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
@@ -473,6 +520,7 @@ class MultiHeadAttention:
                 return_weights=want_weights,
                 out=merged.swapaxes(1, 2),
                 num_threads=num_threads,
+                **scaled,
             )
         if kv_cache is not None:
             kv_cache.length = stop  # only once the call has succeeded
@@ -486,11 +534,14 @@ class MultiHeadAttention:
             weights = average_heads(weights)
         return out, (weights if batched else weights[0])
 
-    def new_kv_cache(self, batch: int, max_len: int) -> KVCache:
+    def new_kv_cache(self, batch: int, max_len: int, dtype: object = None) -> KVCache:
         """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
 
         It holds ``2 * batch * max_len * num_kv_heads * head_dim`` values of the layer's
-        dtype, allocated now (zeroed).
+        dtype, allocated now (zeroed). ``dtype="int8"`` stores them quantised instead, one
+        byte each plus one float32 scale per key/value vector (float16/float32 layers):
+        each call quantises its new positions (:func:`fastattn.quantize_kv`) and attends
+        over the int8 cache, dequantised inside the kernel.
 
         >>> import numpy as np, fastattn
         >>> mha = fastattn.MultiHeadAttention(16, 4, num_kv_heads=2, seed=1)
@@ -501,12 +552,26 @@ class MultiHeadAttention:
         >>> len(cache), cache.key.shape
         (3, (1, 2, 3, 4))
         """
+        quantized = dtype is not None
+        if quantized:
+            try:
+                int8 = np.dtype(dtype) == np.int8
+            except TypeError:
+                int8 = False
+            if not int8:
+                raise TypeError(f"dtype must be None (the layer's) or 'int8', got {dtype!r}")
+        if quantized and self.dtype == np.float64:
+            raise ValueError(
+                "an int8 KV cache is read in float32: it needs a float16 or float32 layer, "
+                "this one is float64"
+            )
         return KVCache(
             check_size(batch, "batch"),
             check_size(max_len, "max_len"),
             self.num_kv_heads,
             self.head_dim,
             self.dtype,
+            quantized,
         )
 
     def state_dict(self) -> dict[str, np.ndarray]:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastattn._dtypes import FLOAT32, is_16bit_float, is_bfloat16
+
 if TYPE_CHECKING:  # (_validation imports _compute, which imports this module)
     from fastattn._validation import SdpaArgs, SoftmaxArgs
 
@@ -160,11 +162,28 @@ def pack(output, *extras):
     return (output, *found) if found else output
 
 
-def attention_buffers(args: SdpaArgs, out, want_lse: bool, want_weights: bool):
-    """(result, whether it is ``out``, lse or None, weights or None) at full shape, in the
-    compute dtype: what an attention kernel writes."""
+def sdpa_storage_dtype(args: SdpaArgs) -> np.dtype:
+    """The dtype the SDPA kernels read q/k/v and write the output in: a float16 or bfloat16
+    result (every input of that dtype) as it is, widened block by block inside the kernel
+    and rounded on store; otherwise (int8 key/value included: a float32 query) the compute
+    dtype."""
+    if is_16bit_float(args.result_dtype) and not args.int8_kv:
+        return args.result_dtype
+    return args.compute_dtype
+
+
+def weights_dtype(args: SdpaArgs) -> np.dtype:
+    """The returned weights' dtype: the result dtype, but float32 for bfloat16 (whose 8-bit
+    mantissa would round every weight)."""
+    return FLOAT32 if is_bfloat16(args.result_dtype) else args.result_dtype
+
+
+def attention_buffers(args: SdpaArgs, out, want_lse: bool, want_weights: bool, out_dtype=None):
+    """(result, whether it is ``out``, lse or None, weights or None) at full shape: what an
+    attention kernel writes. The result in ``out_dtype`` (default the compute dtype), lse
+    and weights in the compute dtype."""
     dtype = args.compute_dtype
-    result, in_place = result_buffer(out, args.full_out_shape, dtype)
+    result, in_place = result_buffer(out, args.full_out_shape, out_dtype or dtype)
     lse = np.empty(args.full_out_shape[:-1], dtype) if want_lse else None
     weights = np.empty(args.full_scores_shape, dtype) if want_weights else None
     return result, in_place, lse, weights
@@ -179,5 +198,5 @@ def attention_result(args: SdpaArgs, out, result, in_place, lse, weights):
     return pack(
         output,
         extra(lse, args.out_shape[:-1]),
-        extra(weights, args.scores_shape, args.result_dtype),
+        extra(weights, args.scores_shape, weights_dtype(args)),
     )

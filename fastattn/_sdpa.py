@@ -20,6 +20,7 @@ from fastattn._prepare import (
     item_aligned,
     kernel_ready,
     result_buffer,
+    sdpa_storage_dtype,
     to_batch,
 )
 from fastattn._validation import check_flag, check_out, merge_states_args, sdpa_args
@@ -56,6 +57,8 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
+    key_scale: ArrayLike | None = None,
+    value_scale: ArrayLike | None = None,
 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, computed in blocks.
 
@@ -66,8 +69,11 @@ def scaled_dot_product_attention(
     query : array_like, shape ``(..., Hq, Lq, E)`` (or ``(Lq, E)``)
     key : array_like, shape ``(..., Hkv, Lk, E)``
     value : array_like, shape ``(..., Hkv, Lk, Ev)``
-        float16, float32 or float64; mixed dtypes promote with ``np.result_type``;
-        float16 is computed in float32 and returned as float16. Leading dims broadcast.
+        float16, bfloat16 (``ml_dtypes``), float32 or float64; mixed dtypes promote with
+        ``np.result_type``; float16 and bfloat16 are read as they are, computed in float32
+        and returned in their dtype. key and value may instead be int8 (a quantised cache,
+        see :func:`fastattn.quantize_kv`) with ``key_scale``/``value_scale``. Leading dims
+        broadcast.
         ``Hq % Hkv == 0``: query head ``h`` reads key/value head ``h // (Hq // Hkv)``
         (grouped-query / multi-query attention). Any strides; arrays whose last axis has
         unit stride are read in place.
@@ -107,6 +113,11 @@ def scaled_dot_product_attention(
         Written with the result and returned; exact output shape and dtype required.
     num_threads : int, optional
         Threads for this call (default: :func:`fastattn.get_num_threads`).
+    key_scale, value_scale : array_like, shape ``key.shape[:-1]``, optional
+        Required with int8 key/value, and only then: key ``j`` stands for
+        ``key[..., j, :] * key_scale[..., j]`` (value likewise). Dequantised inside the
+        kernel as the int8 bytes are read; computed in float32 (the query may be float16,
+        bfloat16 or float32; the result has its dtype).
 
     All masks combine by AND. A row that may attend no key returns zeros (lse ``-inf``,
     weights 0). The result is bit-identical for any thread count. The GIL is released
@@ -136,7 +147,7 @@ def scaled_dot_product_attention(
     >>> bool(np.allclose(out[..., 0, :], v[..., 0, :]))  # row 0 sees only key 0
     True
     """
-    if _fast_path:
+    if _fast_path and key_scale is None and value_scale is None:
         # The common call, checked and computed by the core; None: take the full path.
         result = _core.sdpa_fast(
             query=query,
@@ -158,7 +169,9 @@ def scaled_dot_product_attention(
         )
         if result is not None:
             return result
-    kind = _dispatch.backend(query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes)
+    kind = _dispatch.backend(
+        query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes, key_scale, value_scale
+    )
     if kind is not None and (sinks is not None or alibi_slopes is not None):
         name = "sinks" if sinks is not None else "alibi_slopes"
         where = (
@@ -167,6 +180,11 @@ def scaled_dot_product_attention(
             else "Dask arrays (the Dask path has no"
         )
         raise NotImplementedError(f"{name} is not supported on {where} {name}): pass NumPy arrays")
+    if kind is not None and (key_scale is not None or value_scale is not None):
+        raise NotImplementedError(
+            f"int8 key/value (key_scale/value_scale) do not run on {'CuPy' if kind == 'cupy' else 'Dask'} "
+            "arrays: pass NumPy arrays, or float key/value"
+        )
     if kind == "dask":  # a lazy graph whose blocks come back here
         from fastattn import _dask
 
@@ -216,6 +234,8 @@ def scaled_dot_product_attention(
         softcap,
         sinks,
         alibi_slopes,
+        key_scale,
+        value_scale,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
@@ -233,6 +253,8 @@ def scaled_dot_product_attention(
                 "valid_lens": valid_lens,
                 "sinks": sinks,
                 "alibi_slopes": alibi_slopes,
+                "key_scale": key_scale,
+                "value_scale": value_scale,
             },
         )
 
@@ -242,14 +264,20 @@ def scaled_dot_product_attention(
 def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
     """The checked call, computed on the CPU kernels (also the Dask path's blocks, which
     set ``args.diag_offset`` to the block's absolute offset)."""
-    dtype, batch = args.compute_dtype, args.batch
+    # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
+    dtype, batch = sdpa_storage_dtype(args), args.batch
     # Convert before broadcasting so a broadcast input is never materialised.
+    kv_dtype = np.dtype(np.int8) if args.int8_kv else dtype
     q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, dtype), batch)
-    v = to_batch(kernel_ready(args.value, dtype), batch)
+    k = to_batch(kernel_ready(args.key, kv_dtype), batch)
+    v = to_batch(kernel_ready(args.value, kv_dtype), batch)
+    scales = {}
+    if args.int8_kv:  # float32, unit stride along the keys
+        for name in ("key_scale", "value_scale"):
+            scales[name] = to_batch(kernel_ready(getattr(args, name), dtype), batch, 2)
     bool_mask, float_mask, lens = attention_masks(args)
     sink_view, alibi_view = head_values(args)
-    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights)
+    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights, dtype)
 
     left, right = args.window
     _core.sdpa(
@@ -271,6 +299,7 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
         num_threads=threads,
         sinks=sink_view,
         alibi_slopes=alibi_view,
+        **scales,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

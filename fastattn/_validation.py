@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastattn._compute import silverman_bandwidth
+from fastattn._dtypes import FLOAT32 as _FLOAT32
+from fastattn._dtypes import is_bfloat16
 
 _UNBOUNDED = 2**40  # larger than any sequence length; window sides are clamped to it
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -137,7 +139,11 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
     """``x`` as a float16/32/64 ndarray of at least ``min_ndim`` dims (no copy if it is one)."""
     a = np.asarray(x)
     dt = a.dtype  # native float dtypes first: the common case, without newbyteorder's cost
-    if dt not in _FLOAT_DTYPES and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES):
+    if (
+        dt not in _FLOAT_DTYPES
+        and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES)
+        and not is_bfloat16(dt)
+    ):
         raise TypeError(
             f"{name} must be a floating-point array (float16, float32 or float64), "
             f"got dtype {a.dtype}"
@@ -150,7 +156,9 @@ def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
 
 
 def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
-    """(dtype of the result, dtype computed in): float16 is computed in float32."""
+    """(dtype of the result, dtype computed in): float16 and bfloat16 are computed in
+    float32. bfloat16 with other dtypes promotes as float32 would (as ``np.result_type``
+    does with ml_dtypes for float32/float64; bfloat16 with float16 gives float32)."""
     first = arrays[0].dtype  # dtype equality includes the byte order
     if first in _NATIVE_KERNEL_DTYPES:  # the common case, without np.result_type's cost
         for a in arrays:
@@ -158,8 +166,15 @@ def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
                 break
         else:
             return first, first
-    result = np.result_type(*[a.dtype.newbyteorder("=") for a in arrays])
-    compute = np.dtype(np.float32) if result == np.float16 else result
+    dtypes = [a.dtype for a in arrays]
+    if any(is_bfloat16(d) for d in dtypes):
+        others = [d.newbyteorder("=") for d in dtypes if not is_bfloat16(d)]
+        if not others:
+            return dtypes[0], _FLOAT32
+        result = np.result_type(_FLOAT32, *others)
+        return result, result
+    result = np.result_type(*[d.newbyteorder("=") for d in dtypes])
+    compute = _FLOAT32 if result == np.float16 else result
     return result, compute
 
 
@@ -174,7 +189,7 @@ def _weight(w: object, name: str, shape: tuple, meaning: str) -> np.ndarray:
 def check_attn_mask(mask: object, name: str, user_shape: tuple) -> np.ndarray:
     """A bool or float mask broadcastable to ``user_shape`` (the scores the caller sees)."""
     m = np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f":
+    if m.dtype != np.bool_ and m.dtype.kind != "f" and not is_bfloat16(m.dtype):
         raise TypeError(
             f"{name} must be a bool array (True = may attend) or a float array added to the "
             f"scores, got dtype {m.dtype}"
@@ -282,6 +297,13 @@ class SdpaArgs:
     # Per query head (check_head_values): the sink logits and ALiBi slopes, or None.
     sinks: np.ndarray | None = None
     alibi_slopes: np.ndarray | None = None
+    # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
+    key_scale: np.ndarray | None = None
+    value_scale: np.ndarray | None = None
+
+    @property
+    def int8_kv(self) -> bool:
+        return self.key_scale is not None
 
     @property
     def full_scores_shape(self) -> tuple:
@@ -303,14 +325,21 @@ def _layout(
     window,
     weights=(),
     same_features=True,
+    int8_kv=False,
 ) -> SdpaArgs:
     """The layout rules shared by every attention function (``scale``/``softcap`` left at
     1 / None). ``same_features``: query and key must have the same feature size E >= 1
-    (else each is projected on its own). The dtypes of ``weights`` join the result's."""
+    (else each is projected on its own). The dtypes of ``weights`` join the result's.
+    ``int8_kv``: key and value are int8 arrays (checked by the caller); the result has
+    the query's dtype."""
     q = float_array(query, "query")
-    k = float_array(key, "key")
-    v = float_array(value, "value")
-    result, compute = result_dtypes(q, k, v, *weights)
+    if int8_kv:
+        k, v = key, value
+        result, compute = result_dtypes(q)
+    else:
+        k = float_array(key, "key")
+        v = float_array(value, "value")
+        result, compute = result_dtypes(q, k, v, *weights)
     out_ndim = max(q.ndim, k.ndim, v.ndim)
     q3 = q if q.ndim >= 3 else q[None]
     k3 = k if k.ndim >= 3 else k[None]
@@ -373,6 +402,16 @@ def _layout(
     )
 
 
+def quantize_args(x: object, axis: object) -> tuple[np.ndarray, int]:
+    """quantize_kv's input (a float array of at least 1 dim) and its axis, normalised."""
+    a = float_array(x, "x", min_ndim=1)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    if not -a.ndim <= axis < a.ndim:
+        raise ValueError(f"axis {axis} is out of range for x of {a.ndim} dimensions")
+    return a, int(axis) % a.ndim
+
+
 def _check_scale(scale: object, args: SdpaArgs) -> float:
     """``scale`` (default ``1 / sqrt(E)``), finite in the compute dtype."""
     value = 1.0 / math.sqrt(args.query.shape[-1]) if scale is None else check_real(scale, "scale")
@@ -382,6 +421,41 @@ def _check_scale(scale: object, args: SdpaArgs) -> float:
             f"scale must be finite in {args.compute_dtype} (|scale| <= {limit:.3g}), got {scale}"
         )
     return value
+
+
+def _int8_kv(key, value, key_scale, value_scale) -> bool:
+    """Whether key/value are int8 (a quantised cache), with the scale rules: int8 key and
+    value come together and each with its scale; a scale goes with int8 only."""
+    k_int8 = isinstance(key, np.ndarray) and key.dtype == np.int8
+    v_int8 = isinstance(value, np.ndarray) and value.dtype == np.int8
+    for name, is_int8, scale, arr in (
+        ("key", k_int8, key_scale, key),
+        ("value", v_int8, value_scale, value),
+    ):
+        if is_int8 and scale is None:
+            raise TypeError(
+                f"{name} is int8: {name}_scale (float, shape {name}.shape[:-1], one scale per "
+                f"{name} vector) is required to say what it stands for"
+            )
+        if not is_int8 and scale is not None:
+            raise TypeError(
+                f"{name}_scale is only for an int8 {name} (a quantised cache), got {name} of "
+                f"dtype {np.asarray(arr).dtype}"
+            )
+    if k_int8 != v_int8:
+        raise TypeError("key and value must both be int8 (quantised) or both floating point")
+    return k_int8
+
+
+def _kv_scale(scale: object, name: str, kv: np.ndarray) -> np.ndarray:
+    """A scale array of an int8 key/value: float, shape ``kv.shape[:-1]``."""
+    s = float_array(scale, name, min_ndim=0)
+    if s.shape != kv.shape[:-1]:
+        raise ValueError(
+            f"{name} must have shape {kv.shape[:-1]} (key.shape[:-1], one scale per vector), "
+            f"got shape {s.shape}"
+        )
+    return s
 
 
 def sdpa_args(
@@ -397,8 +471,29 @@ def sdpa_args(
     softcap,
     sinks=None,
     alibi_slopes=None,
+    key_scale=None,
+    value_scale=None,
 ) -> SdpaArgs:
-    args = _layout(query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window)
+    int8 = _int8_kv(key, value, key_scale, value_scale)
+    if int8:
+        if key.ndim < 2 or value.ndim < 2:
+            raise ValueError(
+                f"key and value must have at least 2 dimensions (..., L, E), got shapes "
+                f"{key.shape} and {value.shape}"
+            )
+        ks = _kv_scale(key_scale, "key_scale", key)
+        vs = _kv_scale(value_scale, "value_scale", value)
+    args = _layout(
+        query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, int8_kv=int8
+    )
+    if int8:
+        if args.compute_dtype != np.float32:
+            raise TypeError(
+                "int8 key/value are computed in float32: query must be float16, bfloat16 or "
+                f"float32, got {args.query.dtype}"
+            )
+        args.key_scale = ks if ks.ndim >= 2 else ks[None]
+        args.value_scale = vs if vs.ndim >= 2 else vs[None]
     args.scale = _check_scale(scale, args)
     args.softcap = _check_softcap(softcap, args.compute_dtype)
     heads = args.full_out_shape[:-2]

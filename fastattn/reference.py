@@ -15,7 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._compute import average_heads, split_heads, unit_rows
-from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch
+from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch, weights_dtype
 from fastattn._validation import (
     additive_args,
     attention_spec,
@@ -27,6 +27,7 @@ from fastattn._validation import (
     masked_softmax_args,
     merge_states_args,
     projection_weights,
+    quantize_args,
     regression_args,
     result_dtypes,
     sdpa_args,
@@ -46,6 +47,7 @@ __all__ = [
     "merge_attention_states",
     "multi_head_attention",
     "nadaraya_watson",
+    "quantize_kv",
     "scaled_dot_product_attention",
     "varlen_attention",
 ]
@@ -134,10 +136,13 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
+    key_scale: ArrayLike | None = None,
+    value_scale: ArrayLike | None = None,
 ) -> NDArray[np.floating] | tuple[NDArray[np.floating], ...]:
     """NumPy twin of :func:`fastattn.scaled_dot_product_attention` (float64 inside).
 
     Keys that a row may not attend contribute nothing, even if their values are NaN.
+    int8 key/value are dequantised first (``key * key_scale[..., None]`` in float64).
 
     >>> import numpy as np
     >>> from fastattn import reference
@@ -158,10 +163,15 @@ def scaled_dot_product_attention(
         softcap,
         sinks,
         alibi_slopes,
+        key_scale,
+        value_scale,
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
+    if args.int8_kv:
+        args.key = args.key.astype(np.float64) * args.key_scale.astype(np.float64)[..., None]
+        args.value = args.value.astype(np.float64) * args.value_scale.astype(np.float64)[..., None]
     if out is not None:
         check_out(
             out,
@@ -202,7 +212,7 @@ def scaled_dot_product_attention(
     if want_lse:
         extras.append(lse.reshape(args.out_shape[:-1]).astype(args.compute_dtype))
     if want_weights:
-        extras.append(weights.reshape(args.scores_shape).astype(args.result_dtype))
+        extras.append(weights.reshape(args.scores_shape).astype(weights_dtype(args)))
     return (output, *extras) if extras else output
 
 
@@ -542,7 +552,7 @@ def _family_result(args, scores, normalize, top_k, v, want_weights, out):
         np.copyto(out, output)
         output = out
     if want_weights:
-        return output, weights.reshape(args.scores_shape).astype(args.result_dtype)
+        return output, weights.reshape(args.scores_shape).astype(weights_dtype(args))
     return output
 
 
@@ -767,5 +777,25 @@ def nadaraya_watson(
         np.copyto(out, output)
         output = out
     if want_weights:
-        return output, weights.reshape(ra.weights_shape).astype(ra.result_dtype)
+        return output, weights.reshape(ra.weights_shape).astype(weights_dtype(ra))
     return output
+
+
+def quantize_kv(x: ArrayLike, *, axis: int = -1) -> tuple[NDArray[np.int8], NDArray[np.float32]]:
+    """NumPy twin of :func:`fastattn.quantize_kv`, in float64: ``scale = max|x| / 127``
+    rounded to float32, ``q = rint(x / scale)`` (half to even), zeros where the scale is 0.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> reference.quantize_kv(np.array([1.0, -2.0, 0.5]))[0].tolist()
+    [64, -127, 32]
+    """
+    a, ax = quantize_args(x, axis)
+    values = a.astype(np.float64)
+    peak = np.abs(values).max(axis=ax, keepdims=True, initial=0.0)
+    scale = (peak / 127.0).astype(np.float32)
+    if not np.isfinite(scale).all():
+        raise ValueError("x must be finite (an inf or NaN has no int8 form)")
+    divisor = np.where(scale > 0, scale, 1.0).astype(np.float64)
+    q = np.clip(np.rint(values / divisor), -127, 127).astype(np.int8)
+    return q, np.squeeze(scale, axis=ax)

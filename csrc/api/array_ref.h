@@ -12,6 +12,7 @@ struct ArrayRef {
   bool given = false;  // false = argument absent
   void* data = nullptr;
   char kind = 0;  // NumPy dtype kind: 'f', 'b', 'i', 'u'
+  char code = 0;  // NumPy dtype char ('E' with kind 'V': ml_dtypes.bfloat16)
   int64_t itemsize = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // bytes

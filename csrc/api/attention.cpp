@@ -52,20 +52,44 @@ StridedView view_of(const ArrayRef& a, const char* fn, const char* name, int64_t
   return v;
 }
 
+// The 16-bit storage type of an array, kCompute for any other.
+Storage storage_of(const ArrayRef& a) {
+  if (a.itemsize != 2) return Storage::kCompute;
+  if (a.kind == 'f') return Storage::kF16;
+  if (a.kind == 'V' && a.code == 'E') return Storage::kBF16;
+  return Storage::kCompute;
+}
+
 }  // namespace
 
-void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* out) {
-  require(c.query.kind == 'f' && (c.query.itemsize == 4 || c.query.itemsize == 8), fn,
-          "query must be float32 or float64");
-  const int64_t itemsize = c.query.itemsize;
-  for (const ArrayRef* a : {&c.key, &c.value, &c.out})
-    require(a->kind == 'f' && a->itemsize == itemsize, fn, "query/key/value/out dtypes differ");
+void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* out,
+                     bool storage_ok) {
+  const Storage storage = storage_ok ? storage_of(c.query) : Storage::kCompute;
+  int64_t itemsize = 4;  // of the compute type (masks, lse, weights)
+  // int8 key and value (a quantised cache) with a float32 query.
+  auto is_int8 = [](const ArrayRef& a) { return a.kind == 'i' && a.itemsize == 1; };
+  const bool int8_kv = storage_ok && storage == Storage::kCompute && c.query.kind == 'f' &&
+                       c.query.itemsize == 4 && is_int8(c.key) && is_int8(c.value);
+  if (int8_kv) {
+    require(c.out.kind == 'f' && c.out.itemsize == 4, fn, "query/key/value/out dtypes differ");
+  } else if (storage == Storage::kCompute) {
+    require(c.query.kind == 'f' && (c.query.itemsize == 4 || c.query.itemsize == 8), fn,
+            "query must be float32 or float64");
+    itemsize = c.query.itemsize;
+    for (const ArrayRef* a : {&c.key, &c.value, &c.out})
+      require(a->kind == 'f' && a->itemsize == itemsize, fn, "query/key/value/out dtypes differ");
+  } else {
+    for (const ArrayRef* a : {&c.key, &c.value, &c.out})
+      require(storage_of(*a) == storage, fn, "query/key/value/out dtypes differ");
+  }
   require(c.out.writeable, fn, "out must be writeable");
   const int64_t nd = c.query.ndim();
   require(nd >= 3 && nd - 3 <= kMaxBatchDims, fn, "query must have 3 to 64 dimensions");
   const int64_t bn = nd - 3;
 
   AttnParams& p = *out;
+  p.storage = storage;
+  p.kv_storage = int8_kv ? Storage::kI8 : storage;
   p.batch_ndim = bn;
   for (int64_t d = 0; d < bn; ++d) {
     p.batch_shape[d] = c.query.shape[d];

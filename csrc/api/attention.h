@@ -28,7 +28,10 @@ struct AttnCall {
 
 // Checks c and fills the shared fields of p. `dims_differ`: the message when key and query
 // feature sizes differ, or null where they may (additive scores project each separately).
-void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* p);
+// `storage_ok`: q/k/v/out may be stored as a 16-bit float (p->storage), computed in float32;
+// ops whose kernels read only the compute type leave it false.
+void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* p,
+                     bool storage_ok = false);
 
 // Throws std::invalid_argument("fastattn._core." + fn + ": " + what + more) unless ok; the
 // message is built only on failure (these checks run on every call).

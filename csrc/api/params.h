@@ -24,6 +24,11 @@ struct StridedView {
   int64_t col_stride = 1;
 };
 
+// The element type of an array when it is not the compute type (float32 or float64 for
+// kCompute): a 16-bit float (simd/storage.h) or int8 (a quantised KV cache), computed in
+// float32.
+enum class Storage : int { kCompute = 0, kF16, kBF16, kI8 };
+
 // What every attention op shares. Query is (batch..., num_heads_q, len_q, dim_q); key
 // (batch..., num_heads_kv, len_k, dim_k); value (batch..., num_heads_kv, len_k, dim_v);
 // output (batch..., num_heads_q, len_q, dim_v); masks (batch..., Hq, Lq, Lk); valid_lens
@@ -46,6 +51,10 @@ struct AttnParams {
   // (not scaled, capped or masked); alibi, a slope adding -slope * |j - (i + diag_offset)|
   // to the scores (with the float mask).
   StridedView sinks, alibi;
+  // The element type of q/k/v/out (kv_storage: of k/v, when int8); masks, lse and weights
+  // are in the compute type.
+  Storage storage = Storage::kCompute;
+  Storage kv_storage = Storage::kCompute;
 
   // Optional outputs, C-contiguous: lse (batch..., Hq, Lq), weights (batch..., Hq, Lq, Lk).
   void* lse = nullptr;
@@ -66,6 +75,9 @@ struct AttnParams {
 struct SdpaParams : AttnParams {
   double softcap = 0.0;          // 0 = no softcap
   int64_t l1_bytes = 32 * 1024;  // L1 data cache of this CPU (sizes the key blocks)
+  // int8 k/v (kv_storage kI8): key j stands for key_scale[j] * k[j, :], value likewise.
+  // float32, (batch..., Hkv, Lk) with a unit stride along Lk; data null otherwise.
+  StridedView key_scale, value_scale;
 };
 
 // masked_softmax sees x as rows (every axis but the softmax axis) x len (the softmax axis).

@@ -18,6 +18,25 @@ namespace {
 // 128 (131k) even, Lk = 256 (262k) 2 threads 25 % faster. Results do not depend on it.
 constexpr double kOneThreadWork = 1 << 17;
 
+// A per-key scale of int8 keys/values: float32 of shape key.shape[:-1], unit stride along
+// the keys.
+StridedView scale_view(const ArrayRef& s, const ArrayRef& key, const char* fn, const char* name) {
+  const int64_t nd = key.ndim(), bn = nd - 3;
+  require(s.kind == 'f' && s.itemsize == 4 && s.ndim() == nd - 1, fn, name,
+          " must be a float32 array of shape key.shape[:-1]");
+  for (int64_t d = 0; d < nd - 1; ++d)
+    require(s.shape[d] == key.shape[d], fn, name, " must have shape key.shape[:-1]");
+  StridedView v;
+  v.data = s.data;
+  for (int64_t d = 0; d < bn; ++d) v.batch_stride[d] = element_stride(s, d, fn, name);
+  v.head_stride = element_stride(s, bn, fn, name);
+  v.row_stride = element_stride(s, bn + 1, fn, name);
+  require(v.row_stride == 1 || s.shape[bn + 1] <= 1 || is_empty(s), fn, name,
+          " must have a unit stride along the keys");
+  v.row_stride = 1;
+  return v;
+}
+
 int threads_for(const AttnParams& p) {
   double work =
       double(p.num_heads_q) * double(p.len_q) * double(p.len_k) * double(p.dim_q + p.dim_v);
@@ -33,15 +52,23 @@ int threads_for_work(double multiply_adds, int num_threads) {
 
 void check_sdpa(const SdpaCall& c, const char* fn, SdpaParams* out) {
   SdpaParams& p = *out;
-  check_attention(c, fn, "key and query head dims differ", &p);
+  // The SDPA kernels read 16-bit storage (sdpa-inl.h).
+  check_attention(c, fn, "key and query head dims differ", &p, /*storage_ok=*/true);
   require(p.dim_q > 0, fn, "head dim must be positive");
   require(c.softcap >= 0.0, fn, "softcap must be >= 0 (0 = none)");
   // The rule of fastattn/_validation.py's _check_scale, re-checked: the fast path
   // (bindings/register_sdpa.cpp) declines a call whose scale breaks it.
   require(
-      std::isfinite(c.scale) && std::fabs(c.scale) <= (c.query.itemsize == 4 ? FLT_MAX : DBL_MAX),
+      std::isfinite(c.scale) && std::fabs(c.scale) <= (c.query.itemsize == 8 ? DBL_MAX : FLT_MAX),
       fn, "scale must be finite in the compute dtype");
   p.softcap = c.softcap;
+  const bool int8_kv = p.kv_storage == Storage::kI8;
+  require(c.key_scale.present() == int8_kv && c.value_scale.present() == int8_kv, fn,
+          "key_scale and value_scale go with int8 key and value, and only with them");
+  if (int8_kv) {
+    p.key_scale = scale_view(c.key_scale, c.key, fn, "key_scale");
+    p.value_scale = scale_view(c.value_scale, c.key, fn, "value_scale");
+  }
   p.num_threads = threads_for(p);
   p.l1_bytes = l1_data_cache_bytes();
 }
@@ -51,7 +78,7 @@ void scaled_dot_product_attention(const SdpaCall& c) {
   SdpaParams p;
   check_sdpa(c, fn, &p);
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.query.itemsize == 4 ? kernels.sdpa_forward_f32(p) : kernels.sdpa_forward_f64(p);
+  const bool ok = c.query.itemsize == 8 ? kernels.sdpa_forward_f64(p) : kernels.sdpa_forward_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

@@ -8,6 +8,8 @@ namespace fastattn {
 // The shared arguments (AttnCall), and the softcap (0 = none).
 struct SdpaCall : AttnCall {
   double softcap = 0.0;
+  // int8 key/value only: float32 (batch..., Hkv, Lk), one scale per key (SdpaParams).
+  ArrayRef key_scale, value_scale;
 };
 
 // check_attention plus SDPA's own checks (head dim, softcap, scale) into *p, with its

@@ -22,6 +22,7 @@ inline ArrayRef array_ref(const pybind11::object& obj, const char* name) {
   r.data = const_cast<void*>(a.data());
   const pybind11::dtype dt = a.dtype();
   r.kind = dt.kind();
+  r.code = dt.char_();
   r.itemsize = a.itemsize();
   r.writeable = a.writeable();
   // '=' native, '|' not applicable (one byte), '<' or '>' explicit.

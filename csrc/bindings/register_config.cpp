@@ -13,6 +13,8 @@ namespace fastattn {
 void register_config(py::module_& m) {
   m.def("available_isas", &available_isas, "ISAs compiled in and supported here, best last.");
   m.def("compiled_isas", &compiled_isas, "ISAs compiled into this build.");
+  m.def("cpu_has_avx512_bf16", &cpu_has_avx512_bf16,
+        "Whether this CPU and OS support AVX512-BF16 (for show_config).");
   m.def(
       "active_isa", [] { return std::string(active_kernels().name); },
       "The ISA the kernels currently run with.");

@@ -287,7 +287,8 @@ void register_sdpa(py::module_& m) {
          const py::object& valid_lens, const py::object& lse, const py::object& weights,
          double scale, double softcap, bool causal, int64_t diag_offset, int64_t window_left,
          int64_t window_right, int num_threads, const py::object& sinks,
-         const py::object& alibi_slopes) {
+         const py::object& alibi_slopes, const py::object& key_scale,
+         const py::object& value_scale) {
         SdpaCall call;
         call.query = array_ref(query, "query");
         call.key = array_ref(key, "key");
@@ -307,6 +308,8 @@ void register_sdpa(py::module_& m) {
         call.window_left = window_left;
         call.window_right = window_right;
         call.num_threads = num_threads;
+        call.key_scale = array_ref(key_scale, "key_scale");
+        call.value_scale = array_ref(value_scale, "value_scale");
         // The arrays stay referenced by the caller's frame while the GIL is released.
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);
@@ -316,6 +319,7 @@ void register_sdpa(py::module_& m) {
       py::arg("scale"), py::arg("softcap"), py::arg("causal"), py::arg("diag_offset"),
       py::arg("window_left"), py::arg("window_right"), py::arg("num_threads"),
       py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none(),
+      py::arg("key_scale") = py::none(), py::arg("value_scale") = py::none(),
       "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).");
 
   m.def(

@@ -78,6 +78,15 @@ std::vector<std::string> compiled_isas() {
   return names;
 }
 
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(_M_X64)
+  // libgcc's cpu model also checks that the OS saves the ZMM state (xgetbv).
+  return cpu_supports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 std::vector<std::string> available_isas() {
   std::vector<std::string> names;
   for (const auto& t : kTables)

@@ -25,6 +25,9 @@ struct KernelTable {
 
 // ISAs this build compiled and this CPU/OS can run, best last.
 std::vector<std::string> available_isas();
+// Whether the CPU and OS support AVX512-BF16 (vdpbf16ps), for show_config: no kernel of
+// this build uses it (bfloat16 is widened to float32 on every ISA).
+bool cpu_has_avx512_bf16();
 // Names compiled into this build, whether the CPU can run them or not.
 std::vector<std::string> compiled_isas();
 // The table in use (the best available, unless set_isa chose another).

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "api/params.h"
+#include "simd/convert-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -87,11 +88,12 @@ inline TaskCoord task_coord(const AttnParams& p, int64_t t, int64_t heads, int64
   return c;
 }
 
-// One row of a task: a (query head, query position) pair and where its data lives.
-template <typename T>
+// One row of a task: a (query head, query position) pair and where its data lives. q and
+// out are in the storage type S (the compute type T, or a 16-bit float); the rest in T.
+template <typename T, typename S = T>
 struct RowRef {
-  const T* q;            // query row
-  T* out;                // output row
+  const S* q;            // query row
+  S* out;                // output row
   const uint8_t* bmask;  // bool-mask row (strided by bool_mask.col_stride) or null
   const T* fmask;        // float-mask row (strided by float_mask.col_stride) or null
   T* weights;            // weights row (len_k, contiguous) or null
@@ -105,20 +107,20 @@ struct RowRef {
   const uint64_t* chunks;
 };
 
-// A task's batch entry (coordinates) and kv head (k, v).
-template <typename T>
+// A task's batch entry (coordinates) and kv head (k, v, in their storage type S).
+template <typename S>
 struct TaskRefs {
   int64_t coord[kMaxBatchDims];
-  const T* k;
-  const T* v;
+  const S* k;
+  const S* v;
 };
 
 // Resolves task c: fills refs and rows[0:c.heads * c.nq) (head-major: row r is query head
 // h0 + r / nq, position i0 + r % nq) with visible keys clipped to [key_begin, key_end).
 // Returns the union of the rows' ranges in *klo, *khi (klo >= khi when no row sees a key).
-template <typename T>
+template <typename T, typename S = T, typename KV = S>
 inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
-                            int64_t key_end, TaskRefs<T>* refs, RowRef<T>* rows, int64_t* klo,
+                            int64_t key_end, TaskRefs<KV>* refs, RowRef<T, S>* rows, int64_t* klo,
                             int64_t* khi) {
   const int64_t bn = p.batch_ndim;
   int64_t* coord = refs->coord;
@@ -126,13 +128,13 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
     coord[d] = rest % p.batch_shape[d];
     rest /= p.batch_shape[d];
   }
-  refs->k = static_cast<const T*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
+  refs->k = static_cast<const KV*>(p.k.data) + batch_offset(p.k.batch_stride, coord, bn) +
             c.hk * p.k.head_stride;
-  refs->v = static_cast<const T*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
+  refs->v = static_cast<const KV*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
             c.hk * p.v.head_stride;
-  const T* q_b = static_cast<const T*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
-  T* out_b =
-      static_cast<T*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
+  const S* q_b = static_cast<const S*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+  S* out_b =
+      static_cast<S*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
   const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +
                                                   batch_offset(p.bool_mask.batch_stride, coord, bn)
                                             : nullptr;
@@ -152,7 +154,7 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
   int64_t lo_all = key_end, hi_all = key_begin;
   for (int64_t r = 0; r < c.heads * c.nq; ++r) {
     const int64_t h = c.h0 + r / c.nq, i = c.i0 + r % c.nq;
-    RowRef<T>& row = rows[r];
+    RowRef<T, S>& row = rows[r];
     row.q = q_b + h * p.q.head_stride + i * p.q.row_stride;
     row.out = out_b + h * p.out.head_stride + i * p.out.row_stride;
     row.bmask =
@@ -207,15 +209,35 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
-template <typename T>
-inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
-                      T* kt) {
+// Keys stored in a narrower type S are widened here, once per block; int8 keys are
+// dequantised with their scales (scale[j] for key j; null for float keys).
+template <typename T, typename S = T>
+inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
+                      T* kt, const float* scale = nullptr) {
   constexpr int CT = kColTile<T>;
   for (int64_t j = 0; j < ncols; ++j) {
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
-      const T* kr = k + j * row_stride;
-      for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
+      const S* kr = k + j * row_stride;
+      if constexpr (std::is_same_v<S, T>) {
+        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
+      } else {
+        // A narrower key row is widened a whole vector at a time (one conversion
+        // instruction where the ISA has one, not one per element), then scattered.
+        using V = typename VecOf<T>::type;
+        constexpr int L = kLanes<T>;
+        const T s = std::is_same_v<S, int8_t> ? T(scale[j]) : T(1);
+        int64_t e = 0;
+        for (; e + L <= head_dim; e += L) {
+          V x = vload_wide<T>(kr + e);
+          if constexpr (std::is_same_v<S, int8_t>) x *= vbroadcast(s);
+          T lanes[L];
+          vstore(lanes, x);
+          for (int i = 0; i < L; ++i) dst[(e + i) * CT] = lanes[i];
+        }
+        for (; e < head_dim; ++e)
+          dst[e * CT] = std::is_same_v<S, int8_t> ? widen<T>(kr[e]) * s : widen<T>(kr[e]);
+      }
     } else {
       for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
     }
@@ -225,10 +247,11 @@ inline void pack_keys(const T* k, int64_t row_stride, int64_t n, int64_t ncols, 
 // Values [kb, kb + n) as panels: column chunk c (kColTile of the head_dim_v columns; the
 // last chunk zero-padded) is a contiguous n x kColTile block for the P V micro-kernel.
 // Returns whether every value of the block is finite: only then may P V multiply a zero
-// probability by a value (0 * inf = NaN otherwise).
-template <typename T>
-inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
-                        int64_t panel_rows, T* vp) {
+// probability by a value (0 * inf = NaN otherwise). Values stored in a narrower type S are
+// widened here; int8 values dequantised with their scales (as pack_keys).
+template <typename T, typename S = T>
+inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                        int64_t panel_rows, T* vp, const float* scale = nullptr) {
   using V = typename VecOf<T>::type;
   constexpr int CT = kColTile<T>, L = kLanes<T>;
   V bad = V{};  // NaN in a lane once an inf or NaN went through it
@@ -236,7 +259,11 @@ inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_
   for (int64_t c = 0; c < whole; c += CT) {
     T* dst = vp + (c / CT) * panel_rows * CT;
     for (int64_t j = 0; j < n; ++j) {
-      const V a = vload(v + j * row_stride + c), b = vload(v + j * row_stride + c + L);
+      V a = vload_wide<T>(v + j * row_stride + c), b = vload_wide<T>(v + j * row_stride + c + L);
+      if constexpr (std::is_same_v<S, int8_t>) {
+        a *= vbroadcast(T(scale[j]));
+        b *= vbroadcast(T(scale[j]));
+      }
       vstore(dst + j * CT, a);
       vstore(dst + j * CT + L, b);
       bad += (a - a) + (b - b);
@@ -247,11 +274,12 @@ inline bool pack_values(const T* v, int64_t row_stride, int64_t n, int64_t head_
     T* dst = vp + (whole / CT) * panel_rows * CT;
     const int64_t w = head_dim_v - whole;
     for (int64_t j = 0; j < n; ++j) {
-      const T* src = v + j * row_stride + whole;
+      const S* src = v + j * row_stride + whole;
       T* d = dst + j * CT;
       for (int64_t c = 0; c < w; ++c) {
-        d[c] = src[c];
-        bad_tail += src[c] - src[c];
+        d[c] = widen<T>(src[c]);
+        if constexpr (std::is_same_v<S, int8_t>) d[c] *= scale[j];
+        bad_tail += d[c] - d[c];
       }
       for (int64_t c = w; c < CT; ++c) d[c] = T(0);
     }
@@ -291,10 +319,12 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
 
 // s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
 // (decoding), where packing K^T would cost more than the scores themselves. L keys at a
-// time, reduced together; every key's dot product has the same order of operations.
-template <typename T>
-inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_row_stride, T* s,
-                          int64_t s_ld, int64_t nrows, int64_t n) {
+// time, reduced together; every key's dot product has the same order of operations. Keys
+// stored in a narrower type S are widened as they are read; an int8 key's dot product is
+// multiplied by its scale (scale[j] for key j; null for float keys).
+template <typename T, typename S = T>
+inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
+                          int64_t s_ld, int64_t nrows, int64_t n, const float* scale = nullptr) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   const int64_t e_whole = head_dim / L * L;
@@ -309,21 +339,24 @@ inline void scores_direct(const T* q, int64_t head_dim, const T* k, int64_t k_ro
         for (int64_t e = 0; e < e_whole; e += L) {
           const V qv = vload(qr + e);
           for (int i = 0; i < L; ++i)
-            acc[i] = vfma(qv, vload(k + (j + i) * k_row_stride + e), acc[i]);
+            acc[i] = vfma(qv, vload_wide<T>(k + (j + i) * k_row_stride + e), acc[i]);
         }
         V dots = reduce_lanes_of<T>(acc);
         for (int64_t e = e_whole; e < head_dim; ++e)
           for (int i = 0; i < L; ++i)
-            dots[i] = vfma(qr[e], k[(j + i) * k_row_stride + e], T(dots[i]));
+            dots[i] = vfma(qr[e], widen<T>(k[(j + i) * k_row_stride + e]), T(dots[i]));
+        if constexpr (std::is_same_v<S, int8_t>) dots *= vload(scale + j);
         vstore(sr + j, dots);
       }
     }
     for (; j < n; ++j) {
-      const T* kr = k + j * k_row_stride;
+      const S* kr = k + j * k_row_stride;
       V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L) acc = vfma(vload(qr + e), vload(kr + e), acc);
+      for (int64_t e = 0; e < e_whole; e += L)
+        acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
       T dot = reduce_add<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], kr[e], dot);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
+      if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j];
       sr[j] = dot;
     }
   }
@@ -364,46 +397,55 @@ constexpr int64_t kSubRows = 64;  // rows per score block (the scratch s is kSub
 
 // Columns [c, c + U * L) of pv_row, the U accumulator vectors held in registers over all
 // the keys (no store-to-load chain through acc from one key to the next).
-template <typename T, int U>
-inline void pv_row_cols(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t c,
-                        T* acc) {
+template <typename T, int U, typename S = T>
+inline void pv_row_cols(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t c, T* acc,
+                        const float* scale) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   V a[U];
   for (int u = 0; u < U; ++u) a[u] = vload(acc + c + u * L);
   for (int64_t j = 0; j < n; ++j) {
-    const T pj = p[j];
-    if (pj == T(0)) continue;
-    const T* vr = v + j * v_row_stride + c;
-    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload(vr + u * L), a[u]);
+    if (p[j] == T(0)) continue;
+    // An int8 value row's scale folds into its probability.
+    T pj = p[j];
+    if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
+    const S* vr = v + j * v_row_stride + c;
+    for (int u = 0; u < U; ++u) a[u] = vfma(vbroadcast(pj), vload_wide<T>(vr + u * L), a[u]);
   }
   for (int u = 0; u < U; ++u) vstore(acc + c + u * L, a[u]);
 }
 
 // acc[r, :] += sum_j p[r, j] * v[j, :] for one row, skipping p == 0 so that values of
 // keys a row does not attend (padding, NaN, or past an underflowed weight) never reach it.
-// Each element still sums its keys in order, one fused multiply-add at a time.
-template <typename T>
-inline void pv_row(const T* p, int64_t n, const T* v, int64_t v_row_stride, int64_t dv, T* acc) {
+// Each element still sums its keys in order, one fused multiply-add at a time. Values
+// stored in a narrower type S are widened as they are read; int8 ones scaled by scale[j]
+// (null for float values), folded into the probability.
+template <typename T, typename S = T>
+inline void pv_row(const T* p, int64_t n, const S* v, int64_t v_row_stride, int64_t dv, T* acc,
+                   const float* scale = nullptr) {
   constexpr int L = kLanes<T>;
   int64_t c = 0;
-  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8>(p, n, v, v_row_stride, c, acc);
+  for (; c + 8 * L <= dv; c += 8 * L) pv_row_cols<T, 8, S>(p, n, v, v_row_stride, c, acc, scale);
   if (c + 4 * L <= dv) {
-    pv_row_cols<T, 4>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 4, S>(p, n, v, v_row_stride, c, acc, scale);
     c += 4 * L;
   }
   if (c + 2 * L <= dv) {
-    pv_row_cols<T, 2>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 2, S>(p, n, v, v_row_stride, c, acc, scale);
     c += 2 * L;
   }
   if (c + L <= dv) {
-    pv_row_cols<T, 1>(p, n, v, v_row_stride, c, acc);
+    pv_row_cols<T, 1, S>(p, n, v, v_row_stride, c, acc, scale);
     c += L;
   }
   for (; c < dv; ++c) {
     T a = acc[c];
     for (int64_t j = 0; j < n; ++j)
-      if (p[j] != T(0)) a = vfma(p[j], v[j * v_row_stride + c], a);
+      if (p[j] != T(0)) {
+        T pj = p[j];
+        if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
+        a = vfma(pj, widen<T>(v[j * v_row_stride + c]), a);
+      }
     acc[c] = a;
   }
 }

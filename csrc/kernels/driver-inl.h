@@ -78,22 +78,22 @@ inline int64_t batch_count(const AttnParams& p) {
 }
 
 // What an engine sees of a task: its coordinates, data, rows (visible keys clipped to
-// [key_begin, key_end)).
-template <typename T>
+// [key_begin, key_end)); S is the storage type of q/out (RowRef), KV that of k/v.
+template <typename T, typename S = T, typename KV = S>
 struct TaskView {
   TaskCoord c;
-  TaskRefs<T> refs;
-  RowRef<T>* rows;
+  TaskRefs<KV> refs;
+  RowRef<T, S>* rows;
   int64_t nrows;
   int64_t key_begin, key_end;
 };
 
 // Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see
 // (narrowed to what the bool mask leaves visible when it has a summary).
-template <typename T>
+template <typename T, typename S, typename KV>
 inline void open_task(const AttnParams& p, const Plan& plan, const MaskSummary& sum, int64_t t,
-                      int64_t key_begin, int64_t key_end, RowRef<T>* rows, TaskView<T>* tv,
-                      int64_t* klo, int64_t* khi) {
+                      int64_t key_begin, int64_t key_end, RowRef<T, S>* rows,
+                      TaskView<T, S, KV>* tv, int64_t* klo, int64_t* khi) {
   tv->c = task_coord(p, t, plan.heads, plan.block_q, plan.q_blocks);
   tv->rows = rows;
   tv->nrows = tv->c.heads * tv->c.nq;
@@ -106,9 +106,9 @@ inline void open_task(const AttnParams& p, const Plan& plan, const MaskSummary& 
 // Work item `item` (task item / splits, key split item % splits): its rows opened over the
 // split's keys, walked in blocks and finished (or saved as a partial for merge_task).
 // run_blocked's loop body, shared with the packed variable-length driver (varlen-inl.h).
-template <typename T, typename Engine, bool kSplit>
+template <typename T, typename Engine, bool kSplit, typename S, typename KV>
 inline void run_item(const AttnParams& p, const Plan& plan, const MaskSummary& sum, Engine& eng,
-                     RowRef<T>* rows, TaskView<T>* tv, int64_t item) {
+                     RowRef<T, S>* rows, TaskView<T, S, KV>* tv, int64_t item) {
   const int64_t splits = kSplit ? plan.key_splits : 1;
   const int64_t t = item / splits, split = item % splits;
   const int64_t key_begin = split * plan.split_len;
@@ -125,9 +125,9 @@ inline void run_item(const AttnParams& p, const Plan& plan, const MaskSummary& s
 }
 
 // Task t's key splits, every one saved, merged into its rows' results.
-template <typename T, typename Engine>
+template <typename T, typename Engine, typename S, typename KV>
 inline void merge_task(const AttnParams& p, const Plan& plan, const MaskSummary& sum, Engine& eng,
-                       RowRef<T>* rows, TaskView<T>* tv, int64_t t) {
+                       RowRef<T, S>* rows, TaskView<T, S, KV>* tv, int64_t t) {
   int64_t klo, khi;
   open_task(p, plan, sum, t, 0, p.len_k, rows, tv, &klo, &khi);
   eng.merge(*tv, t);
@@ -143,7 +143,7 @@ struct skips_masked<E, std::void_t<decltype(E::kSkipMasked)>> : std::bool_consta
 };
 
 // Runs every task of the call; false if a thread's scratch could not be allocated.
-template <typename T, typename Engine, bool kSplit>
+template <typename T, typename Engine, bool kSplit, typename S = T, typename KV = S>
 bool run_blocked(const typename Engine::Params& p, const Plan& plan,
                  const typename Engine::Shared& shared) {
   static_assert(!kSplit || Engine::kSplitKeys,
@@ -157,16 +157,16 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   if constexpr (skips_masked<Engine>::value) summarise_bool_mask(p, &sum);
   parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
-    RowRef<T>* rows = nullptr;
+    RowRef<T, S>* rows = nullptr;
     void* raw = arena_allocate([&](Arena& a) {
-      rows = a.take<RowRef<T>>(plan.max_rows);
+      rows = a.take<RowRef<T, S>>(plan.max_rows);
       eng.layout(a);
     });
     if (!raw) {
 #pragma omp atomic write
       failed = true;
     }
-    TaskView<T> tv;
+    TaskView<T, S, KV> tv;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       if (!raw) continue;

@@ -187,12 +187,13 @@ inline const uint64_t* summary_row(const MaskSummary& sum, int64_t batch_ndim, c
 // Narrows the task's rows to the keys their mask rows leave visible (a row that keeps
 // nothing gets an empty range); an interval row drops its mask. A row whose chunk bits can
 // save work gets them in row.chunks. Updates the union [*klo, *khi).
-template <typename T>
+template <typename T, typename S>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
-                             const int64_t* coord, RowRef<T>* rows, int64_t* klo, int64_t* khi) {
+                             const int64_t* coord, RowRef<T, S>* rows, int64_t* klo,
+                             int64_t* khi) {
   int64_t lo_all = p.len_k, hi_all = 0;  // empty
   for (int64_t r = 0; r < c.heads * c.nq; ++r) {
-    RowRef<T>& row = rows[r];
+    RowRef<T, S>& row = rows[r];
     const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
     row.lo = imax(row.lo, int64_t(s[kSumFirst]));
     row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
@@ -210,8 +211,8 @@ inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const 
 // The columns [a, b) of a key block starting at key kb that the rows [r0, r1) must
 // compute: runs of chunks where some row sees a key (a row without chunk bits sees all
 // its range). Writes up to max_segs runs, in order, clipped to [c0, c1); returns the count.
-template <typename T>
-inline int64_t visible_segments(const RowRef<T>* rows, int64_t r0, int64_t r1, int64_t kb,
+template <typename T, typename S>
+inline int64_t visible_segments(const RowRef<T, S>* rows, int64_t r0, int64_t r1, int64_t kb,
                                 int64_t c0, int64_t c1, int64_t* seg_a, int64_t* seg_b) {
   bool any_dense = false;
   for (int64_t r = r0; r < r1 && !any_dense; ++r)
@@ -227,7 +228,7 @@ inline int64_t visible_segments(const RowRef<T>* rows, int64_t r0, int64_t r1, i
     const int64_t k0 = ch * kChunk, k1 = k0 + kChunk;
     bool seen = false;
     for (int64_t r = r0; r < r1 && !seen; ++r) {
-      const RowRef<T>& row = rows[r];
+      const RowRef<T, S>& row = rows[r];
       seen =
           row.chunks && row.lo < row.hi && row.lo < k1 && k0 < row.hi && chunk_bit(row.chunks, ch);
     }
@@ -248,8 +249,8 @@ inline int64_t visible_segments(const RowRef<T>* rows, int64_t r0, int64_t r1, i
 // runs of chunks the row sees whole skip the bool mask, runs it sees nothing of become
 // -inf, and the rest take mask_row itself over the whole run (its loops, vectorised alike).
 // Key kb + j is s[j]; [jlo, jhi) are the row's visible columns.
-template <typename T>
-inline void mask_row_chunked(const AttnParams& p, const RowRef<T>& row, int64_t kb, int64_t jlo,
+template <typename T, typename S>
+inline void mask_row_chunked(const AttnParams& p, const RowRef<T, S>& row, int64_t kb, int64_t jlo,
                              int64_t jhi, int64_t a, int64_t b, T* s) {
   constexpr T kNegInf = -T(__builtin_inf());
   const uint64_t* all = row.chunks + (p.len_k + kChunk * 64 - 1) / (kChunk * 64);

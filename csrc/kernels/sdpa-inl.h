@@ -80,11 +80,13 @@ struct SdpaScratch {
 // of the nseg runs [seg_a, seg_b) (within [c0, c1), starting on kColTile columns; see
 // visible_segments) are computed: the others are hidden from every row of the sub-block,
 // so their probabilities would be exactly 0.
-template <typename T, bool kThin>
-void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T>* rows,
-                  int64_t r0, int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1,
-                  const int64_t* seg_a, const int64_t* seg_b, int64_t nseg, const T* k_block,
-                  const T* v_block, bool* v_packed, bool* v_finite) {
+// ks/vs: the block's int8 key/value scales (null for float K/V).
+template <typename T, typename S, typename KV, bool kThin>
+void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
+                  const RowRef<T, S>* rows, int64_t r0, int64_t r1, int64_t kb_block,
+                  int64_t n_block, int64_t c0, int64_t c1, const int64_t* seg_a,
+                  const int64_t* seg_b, int64_t nseg, const KV* k_block, const KV* v_block,
+                  const float* ks, const float* vs, bool* v_packed, bool* v_finite) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>, CT = kColTile<T>;
   constexpr T kNegInf = -T(__builtin_inf());
@@ -94,7 +96,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   const int64_t ncols = round_up(n, CT);
   const int64_t nrows = r1 - r0;
   const T* kt = sc.kt + (c0 / CT) * E * CT;
-  const T* vb = v_block + c0 * p.v.row_stride;
+  const KV* vb = v_block + c0 * p.v.row_stride;
+  const float* vsb = vs ? vs + c0 : nullptr;
   // Scores, masks, m and the weights' scores stay in natural units, which keeps every
   // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
   // which is <= 0 and can overflow only towards -inf, whose exp2 is the right 0.
@@ -123,7 +126,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   for (int64_t g = 0; g < nseg; ++g) {
     if (kThin) {
       scores_direct(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
-                    sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g));
+                    sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr);
     } else {
       for (int64_t t = 0; t < tile_rows / RT; ++t)
         if (se(g, width[t]) > sa(g))
@@ -135,7 +138,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the tile's width w (its runs).
   for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = rows[r0 + r];
+    const RowRef<T, S>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
@@ -216,7 +219,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
     for (int64_t r = 0; r < nrows; ++r)
       for (int64_t g = 0; g < nseg; ++g)
         pv_row(sc.s + r * kt_ld + sa(g), sb(g) - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
-               Ev, acc + r * Eva);
+               Ev, acc + r * Eva, vsb ? vsb + sa(g) : nullptr);
     return;
   }
   // The probabilities of a tile's rows are written up to its width (zeros past each row's
@@ -225,7 +228,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
   if (!*v_packed) {
-    *v_finite = pack_values(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp);
+    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
     *v_packed = true;
   }
   for (int64_t g = 0; g < nseg; ++g) {
@@ -238,7 +241,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, con
       } else {
         for (int64_t rr = r; rr < imin(r + RT, nrows); ++rr)
           pv_row(sc.s + rr * kt_ld + sa(g), jb - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
-                 Ev, acc + rr * Eva);
+                 Ev, acc + rr * Eva, vsb ? vsb + sa(g) : nullptr);
       }
     }
   }
@@ -270,8 +273,11 @@ struct SdpaShared {
 };
 
 // The driver's engine (driver-inl.h): dot scores (tiled, or direct when kThin) with softcap
-// and the online softmax; splittable over keys.
-template <typename T, bool kThin>
+// and the online softmax; splittable over keys. q/k/v/out are stored as S (T itself, or a
+// 16-bit float computed in T = float32): q is widened into the pre-scaled scratch, K and V
+// as they are packed or read, and out is rounded to S as it is written. K/V stored as KV:
+// S itself, or int8 dequantised with their per-key scales as they are packed or read.
+template <typename T, typename S, typename KV, bool kThin>
 struct SdpaEngine {
   using Params = SdpaParams;
   using Shared = SdpaShared<T>;
@@ -281,21 +287,31 @@ struct SdpaEngine {
   const Plan& plan;
   const Shared& sh;
   SdpaScratch<T> sc;
+  const float* ks = nullptr;  // the task's int8 key/value scales, per key (null for float)
+  const float* vs = nullptr;
 
   SdpaEngine(const SdpaParams& params, const Plan& pl, const Shared& shared)
       : p(params), plan(pl), sh(shared) {}
 
   void layout(Arena& a) { sc.layout(a, p, plan); }
 
-  void begin(const TaskView<T>& tv) {
+  void begin(const TaskView<T, S, KV>& tv) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
     const T scale = T(p.scale);
+    if constexpr (std::is_same_v<KV, int8_t>) {
+      ks = static_cast<const float*>(p.key_scale.data) +
+           batch_offset(p.key_scale.batch_stride, tv.refs.coord, p.batch_ndim) +
+           tv.c.hk * p.key_scale.head_stride;
+      vs = static_cast<const float*>(p.value_scale.data) +
+           batch_offset(p.value_scale.batch_stride, tv.refs.coord, p.batch_ndim) +
+           tv.c.hk * p.value_scale.head_stride;
+    }
     for (int64_t r = 0; r < nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
+      const RowRef<T, S>& row = tv.rows[r];
       sc.m[r] = kNegInf;
       sc.l[r] = T(0);
-      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * row.q[e];
+      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * widen<T>(row.q[e]);
       // Weights hold the masked scores (-inf = not attended) until the final lse is known.
       if (row.weights)
         for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
@@ -308,16 +324,18 @@ struct SdpaEngine {
 
   // Keys [kb, kb + n), kSubRows rows at a time, each sub-block over only the columns some
   // of its rows see; K^T is packed once per block, V on first need.
-  void block(const TaskView<T>& tv, int64_t kb, int64_t n) {
+  void block(const TaskView<T, S, KV>& tv, int64_t kb, int64_t n) {
     const int64_t ncols = round_up(n, kColTile<T>);
-    const T* k = tv.refs.k + kb * p.k.row_stride;
-    const T* v = tv.refs.v + kb * p.v.row_stride;
+    const KV* k = tv.refs.k + kb * p.k.row_stride;
+    const KV* v = tv.refs.v + kb * p.v.row_stride;
+    const float* kbs = ks ? ks + kb : nullptr;
+    const float* vbs = vs ? vs + kb : nullptr;
     bool packed = false, v_packed = false, v_finite = true;
     for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
       const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
       int64_t lo_min = kb + n, hi_max = kb;
       for (int64_t r = r0; r < r1; ++r) {
-        const RowRef<T>& row = tv.rows[r];
+        const RowRef<T, S>& row = tv.rows[r];
         const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
         if (lo < hi) {
           lo_min = imin(lo_min, lo);
@@ -331,32 +349,32 @@ struct SdpaEngine {
       const int64_t nseg = visible_segments(tv.rows, r0, r1, kb, c0, hi_max - kb, seg_a, seg_b);
       if (nseg == 0) continue;  // the bool mask hides this whole tile
       if (!kThin && !packed) {
-        pack_keys(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt);
+        pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt, kbs);
         packed = true;
       }
-      attend_block<T, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, seg_a, seg_b,
-                             nseg, k, v, &v_packed, &v_finite);
+      attend_block<T, S, KV, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, seg_a,
+                                    seg_b, nseg, k, v, kbs, vbs, &v_packed, &v_finite);
     }
   }
 
   // Normalise once (a sink joins the sum first); a row that saw no key gets output 0 and
   // lse -inf (the sink, if it has one).
-  void finish(const TaskView<T>& tv) {
+  void finish(const TaskView<T, S, KV>& tv) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     for (int64_t r = 0; r < tv.nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
+      const RowRef<T, S>& row = tv.rows[r];
       T m = sc.m[r], l = sc.l[r], alpha = T(1);
       const bool empty = (m == -T(__builtin_inf()));
       if (row.sink) fold_sink(*row.sink, &m, &l, &alpha);
       const T inv = empty ? T(0) : alpha / l;  // alpha = 1 without a sink: 1 / l exactly
       const T* a = sc.acc + r * Eva;
-      for (int64_t c = 0; c < Ev; ++c) row.out[c] = empty ? T(0) : a[c] * inv;
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(empty ? T(0) : a[c] * inv);
       if (row.lse) *row.lse = lse_of(m, l);
       if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
   }
 
-  void save_partial(const TaskView<T>& tv, int64_t t, int64_t split) {
+  void save_partial(const TaskView<T, S, KV>& tv, int64_t t, int64_t split) {
     const int64_t Ev = p.dim_v, Eva = padded_dv<T>(Ev);
     T* part = sh.partial + ((t * plan.key_splits + split) * plan.max_rows) * (Ev + 2);
     for (int64_t r = 0; r < tv.nrows; ++r) {
@@ -368,15 +386,16 @@ struct SdpaEngine {
   }
 
   // The key splits of task t in split order (fixed, so results do not depend on which
-  // thread ran which split) -> the normalised output, lse and weights.
-  void merge(const TaskView<T>& tv, int64_t t) {
+  // thread ran which split) -> the normalised output, lse and weights. The output row is
+  // summed in the scratch accumulator (in T) and written once.
+  void merge(const TaskView<T, S, KV>& tv, int64_t t) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t Ev = p.dim_v;
     const T* part = sh.partial + t * plan.key_splits * plan.max_rows * (Ev + 2);
     const int64_t split_stride = plan.max_rows * (Ev + 2);
     for (int64_t r = 0; r < tv.nrows; ++r) {
-      const RowRef<T>& row = tv.rows[r];
-      T* out = row.out;
+      const RowRef<T, S>& row = tv.rows[r];
+      T* out = sc.acc;
       T m = kNegInf;
       for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
         const T ms = part[sp * split_stride + r * (Ev + 2) + Ev];
@@ -400,6 +419,7 @@ struct SdpaEngine {
         const T inv = alpha / l;
         for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
       }
+      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(out[c]);
       if (row.lse) *row.lse = lse_of(m, l);
       if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
@@ -444,7 +464,7 @@ inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
 }
 
 // Returns false if scratch could not be allocated.
-template <typename T>
+template <typename T, typename S, typename KV = S>
 bool sdpa_forward(const SdpaParams& p) {
   const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
@@ -459,7 +479,7 @@ bool sdpa_forward(const SdpaParams& p) {
   }
   const bool ok = FASTATTN_BOOL_SWITCH(thin, kThin, [&] {
     return FASTATTN_BOOL_SWITCH(plan.key_splits > 1, kSplit, [&] {
-      return run_blocked<T, SdpaEngine<T, kThin>, kSplit>(p, plan, sh);
+      return run_blocked<T, SdpaEngine<T, S, KV, kThin>, kSplit, S, KV>(p, plan, sh);
     });
   });
   std::free(sh.partial);
@@ -478,8 +498,20 @@ void exp2_array(const T* x, T* out, int64_t n) {
 void exp2_f32(const float* x, float* out, int64_t n) { exp2_array(x, out, n); }
 void exp2_f64(const double* x, double* out, int64_t n) { exp2_array(x, out, n); }
 
-bool sdpa_forward_f32(const SdpaParams& params) { return sdpa_forward<float>(params); }
-bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double>(params); }
+// float32 compute serves float32 arrays, the 16-bit storage types (params.storage) and
+// int8 K/V with a float32 query (params.kv_storage).
+bool sdpa_forward_f32(const SdpaParams& params) {
+  if (params.kv_storage == Storage::kI8) return sdpa_forward<float, float, int8_t>(params);
+  switch (params.storage) {
+    case Storage::kF16:
+      return sdpa_forward<float, Half>(params);
+    case Storage::kBF16:
+      return sdpa_forward<float, BFloat16>(params);
+    default:
+      return sdpa_forward<float, float>(params);
+  }
+}
+bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double, double>(params); }
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn

@@ -62,7 +62,7 @@ inline void varlen_item(const SdpaParams& p, const VarlenSeq& s, T* partial, voi
                         int64_t item, bool merge) {
   SdpaShared<T> sh;
   sh.partial = partial + s.partial;
-  SdpaEngine<T, kThin> eng(p, s.plan, sh);
+  SdpaEngine<T, T, T, kThin> eng(p, s.plan, sh);
   Arena a;
   a.base = static_cast<char*>(raw);
   RowRef<T>* rows = a.take<RowRef<T>>(s.plan.max_rows);
@@ -75,7 +75,7 @@ inline void varlen_item(const SdpaParams& p, const VarlenSeq& s, T* partial, voi
       return;
     }
   }
-  run_item<T, SdpaEngine<T, kThin>, kSplit>(p, s.plan, none, eng, rows, &tv, item);
+  run_item<T, SdpaEngine<T, T, T, kThin>, kSplit>(p, s.plan, none, eng, rows, &tv, item);
 }
 
 template <typename T>

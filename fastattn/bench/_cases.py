@@ -32,6 +32,10 @@ from fastattn.bench._varlen import (
 # batch without varlen_attention (fastattn.bench._varlen).
 IMPLS = ("fastattn", "numpy", "torch", "jax", *_anchors.ANCHORS, "fastattn-loop", "fastattn-padded")
 DTYPES = ("float32", "float64")
+# Low precision rows: float16/bfloat16 q, k, v, or "int8-kv" (float32 q, int8 k/v from
+# fastattn.quantize_kv). Only the cases that list them run them.
+LOW_DTYPES = ("float16", "bfloat16", "int8-kv")
+ALL_DTYPES = DTYPES + LOW_DTYPES
 PRESETS = ("smoke", "quick", "default", "full")
 _REFERENCE_ELEMENTS = 1 << 22  # score entries the float64 reference computes per check
 
@@ -111,10 +115,11 @@ class Case:
         """Bytes one call must move at least: every input read and the output written once
         (SDPA: Q, K, V and the output; masked softmax: the scores and the probabilities;
         merge: every part and its lse, and the merged output and lse)."""
-        size = np.dtype(dtype).itemsize
+        size = {"bfloat16": 2, "int8-kv": 4}.get(dtype) or np.dtype(dtype).itemsize
         if self.kind == "sdpa":
             b, hq, hkv, lq, lk, e = self.dims
-            return float(size * b * (2 * hq * lq * e + 2 * hkv * lk * e))
+            kv_size = 1 if dtype == "int8-kv" else size  # (the scales: 4 / E more)
+            return float(b * (2 * size * hq * lq * e + 2 * kv_size * hkv * lk * e))
         if self.kind == "masked_softmax":
             return float(size * 2 * np.prod(self.dims))
         if self.kind == "merge_states":
@@ -253,7 +258,17 @@ def grid(preset: str) -> list[Case]:
             tags=("gqa", "prefill"),
             dtypes=f32 if quick else DTYPES,
         ),
-        sdpa_case("GQA decode", 1, 32, 8, 1, 4096 if quick else 16384, 128, tags=("gqa", "decode")),
+        sdpa_case(
+            "GQA decode",
+            1,
+            32,
+            8,
+            1,
+            4096 if quick else 16384,
+            128,
+            tags=("gqa", "decode"),
+            dtypes=DTYPES if quick else DTYPES + LOW_DTYPES,  # (the int8-KV target's shape)
+        ),
         sdpa_case(
             "short sequences",
             16 if quick else 32,
@@ -339,6 +354,20 @@ def grid(preset: str) -> list[Case]:
             sdpa_case("head dim 128", 1, 16, 16, 1024, 1024, 128, tags=("E128",)),
             sdpa_case("GQA decode", 1, 32, 8, 1, 32768, 128, tags=("gqa", "decode")),
             sdpa_case("MHA decode", 1, 8, 8, 1, 2048, 64, tags=("decode",)),
+        ]
+    if not quick:  # the low-precision targets' shapes
+        cases += [
+            sdpa_case(
+                "low precision",
+                1,
+                8,
+                8,
+                1024,
+                1024,
+                64,
+                tags=("lowp",),
+                dtypes=("float32", "float16", "bfloat16"),
+            ),
         ]
     return cases
 
@@ -513,7 +542,7 @@ def build(
     attention). ``probe`` (seconds per call of a function) picks each engine's fastest op;
     without it an engine runs its first one."""
     rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
+    dt = _array_dtype(dtype)
     work = Workload(case, dtype)
     if case.kind == "sdpa":
         _build_sdpa(work, rng, dt, libs, impls, probe)
@@ -533,18 +562,44 @@ def build(
     return work
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype a row computes in (its FMA peak): float32 for the low-precision rows."""
+    return dtype if dtype in DTYPES else "float32"
+
+
+def _array_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of a row's query (bfloat16 from ml_dtypes; int8-kv: float32)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(np.float32 if dtype == "int8-kv" else dtype)
+
+
 def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
     b, hq, hkv, lq, lk, e = work.case.dims
     causal = work.case.causal
     q, k, v = _rng_arrays(rng, dt, (b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e))
     group = hq // hkv
+    scales = {}
+    if work.dtype == "int8-kv":
+        (k, ks), (v, vs) = fastattn.quantize_kv(k), fastattn.quantize_kv(v)
+        scales = {"key_scale": ks, "value_scale": vs}
     work.candidates["fastattn"] = functools.partial(
-        fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal
+        fastattn.scaled_dot_product_attention, q, k, v, is_causal=causal, **scales
     )
-    work.candidates["numpy"] = functools.partial(numpy_sdpa, q, k, v, causal)
-    if "torch" in impls and libs.torch is not None:
+    if work.dtype in DTYPES:  # NumPy's matmul has no fast bfloat16/int8 form
+        work.candidates["numpy"] = functools.partial(numpy_sdpa, q, k, v, causal)
+    if "torch" in impls and libs.torch is not None and work.dtype != "int8-kv":
         torch = libs.torch
-        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        if work.dtype == "bfloat16":  # torch.from_numpy has no bfloat16: the same bits
+            tq, tk, tv = (
+                torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16) for a in (q, k, v)
+            )
+            work.to_numpy["torch"] = lambda t: t.float().numpy()
+        else:
+            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+            work.to_numpy["torch"] = lambda t: t.numpy()
         sdpa = torch.nn.functional.scaled_dot_product_attention
         if group > 1:
             kw = {"enable_gqa": True}
@@ -559,8 +614,7 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
                     return sdpa(tq, tk, tv, is_causal=causal)
 
         work.candidates["torch"] = run_torch
-        work.to_numpy["torch"] = lambda t: t.numpy()
-    if "jax" in impls and libs.jax is not None:
+    if "jax" in impls and libs.jax is not None and work.dtype in DTYPES:
         jax = libs.jax
         attend = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=causal))
         jq, jk, jv = (
@@ -579,11 +633,13 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
         # The first query rows of the first kv head's group (top-left causal rows keep
         # their meaning when later rows are dropped).
         rows = max(1, min(lq, _REFERENCE_ELEMENTS // (group * lk)))
+        # (int8 k/v: the reference dequantises them, in float64, for a float32 query)
         expected = fastattn.reference.scaled_dot_product_attention(
-            q[:1, :group, :rows].astype(np.float64),
-            k[:1, :1].astype(np.float64),
-            v[:1, :1].astype(np.float64),
+            q[:1, :group, :rows].astype(np.float32 if scales else np.float64),
+            k[:1, :1] if scales else k[:1, :1].astype(np.float64),
+            v[:1, :1] if scales else v[:1, :1].astype(np.float64),
             is_causal=causal,
+            **{n: s[:1, :1] for n, s in scales.items()},
         )
         return expected, lambda out: out[:1, :group, :rows]
 

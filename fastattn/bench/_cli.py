@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fastattn.bench._cases import DTYPES, IMPLS, grid
+from fastattn.bench._cases import ALL_DTYPES, DTYPES, IMPLS, grid
 
 DESCRIPTION = """\
 Benchmark fastattn against the NumPy formulas (and PyTorch's / JAX's CPU attention, ONNX
@@ -39,7 +39,7 @@ def _csv(choices):
 
 
 def _dtypes(text: str) -> tuple[str, ...]:
-    return DTYPES if text == "both" else _csv(DTYPES)(text)
+    return DTYPES if text == "both" else _csv(ALL_DTYPES)(text)
 
 
 def _positive(text: str) -> int:
@@ -96,7 +96,8 @@ def parser() -> argparse.ArgumentParser:
         type=_dtypes,
         default=DTYPES,
         metavar="DTYPE",
-        help="float32, float64 or both (default)",
+        help="float32, float64 or both (default); or, comma-separated with them, the "
+        "low-precision rows float16, bfloat16 (needs ml_dtypes), int8-kv",
     )
     p.add_argument(
         "--threads",
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     if args.json:
         print(js.read_text(encoding="utf-8"), end="")
     else:
-        for dtype in DTYPES:
+        for dtype in ALL_DTYPES:
             table = _report.summary_table(doc, dtype)
             if table:
                 print(f"\n{dtype}\n{table}")

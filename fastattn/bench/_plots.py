@@ -12,7 +12,13 @@ COLORS = {
     "ort": "#d62728",
     "openvino": "#8c564b",
 }
-STYLES = {"float32": ("-", "o"), "float64": ("--", "s")}
+STYLES = {
+    "float32": ("-", "o"),
+    "float64": ("--", "s"),
+    "float16": ("-.", "^"),
+    "bfloat16": (":", "v"),
+    "int8-kv": ("-.", "D"),
+}
 
 
 def matplotlib_missing() -> str | None:

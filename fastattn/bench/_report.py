@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fastattn.bench._anchors import ORT_OPSET
-from fastattn.bench._cases import IMPLS
+from fastattn.bench._cases import ALL_DTYPES, IMPLS
 from fastattn.bench._run import format_ms
 
 BASELINES = ("numpy", "torch", "jax", "ort", "openvino", "fastattn-loop", "fastattn-padded")
@@ -246,7 +246,7 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
         "Times in milliseconds, best of the rounds (its spread in brackets); "
         "**vs X** = X's time / fastattn's time (higher is better for fastattn).",
     ]
-    for dtype in ("float32", "float64"):
+    for dtype in ALL_DTYPES:
         table = summary_table(doc, dtype)
         if table:
             out += ["", f"## {dtype}", "", table]

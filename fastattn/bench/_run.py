@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import fastattn
 from fastattn._config import config
-from fastattn.bench._cases import DTYPES, IMPLS, Case, Libraries, build, grid
+from fastattn.bench._cases import DTYPES, IMPLS, Case, Libraries, build, compute_dtype, grid
 from fastattn.bench._measure import (
     Method,
     machine_limits,
@@ -155,7 +155,9 @@ def run(settings: Settings, progress=_progress) -> dict:
             f"float32 matmul rate (NumPy a @ b, n={MATMUL_SIZE[settings.preset]}): "
             f"{rate / 1e9:.1f} GFLOP/s (spread {mm.spread:.0%})"
         )
-        limits = machine_limits(sorted({d for _, d in rows}), threads, *LIMITS[settings.preset])
+        limits = machine_limits(
+            sorted({compute_dtype(d) for _, d in rows}), threads, *LIMITS[settings.preset]
+        )
         doc["limits"] = limits
         progress(limits_line(limits))
         for i, (case, dtype) in enumerate(rows, 1):
@@ -199,7 +201,11 @@ def _measure_row(
     errors, first = work.first_calls()  # also the candidates' warm-up calls
     timings = measure(work.candidates, method=method, first_calls=first)
     flops, moved = case.flops(), case.bytes(dtype)
-    peak = (limits["fma_peak_gflops"] or {}).get(dtype) if case.bound == "compute" else None
+    peak = (
+        (limits["fma_peak_gflops"] or {}).get(compute_dtype(dtype))
+        if case.bound == "compute"
+        else None
+    )
     bw = limits["read_bandwidth_gbs"] if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():

@@ -161,7 +161,7 @@ def test_list_filters_and_bad_arguments(capsys):
     assert main(["--smoke", "--shapes", "no-such-shape"]) == 2
     assert "no case of the 'smoke' preset matches" in capsys.readouterr().err
     for bad in (
-        ["--dtype", "float16"],
+        ["--dtype", "float8"],
         ["--threads", "0"],
         ["--impls", "cupy"],
         ["--quick", "--full"],

@@ -1,0 +1,160 @@
+"""float16 and bfloat16 arrays in scaled_dot_product_attention: read as they are and
+widened block by block inside the kernel (float32 compute), the output rounded to the
+storage type as it is stored (round to nearest even).
+
+On an ISA that widens (every ISA but the bfloat16 dot-product one) the arithmetic is the
+float32 kernel's on the widened values, so the result must be bit-identical to the float32
+call on the same values, rounded: that is asserted exactly. The bfloat16 accuracy rule
+(helpers.lowp_checks) is asserted on every ISA.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import fastattn
+
+from helpers.lowp_checks import attention_calls, bf16, bf16_twin, poisoned
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+sdpa = fastattn.scaled_dot_product_attention
+
+
+def _cast(arrays, dtype):
+    return [a.astype(dtype) for a in arrays]
+
+
+def _same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(call=attention_calls())
+def test_widened_in_kernel_equals_float32_call_rounded(isa, name, call):
+    q, k, v, kwargs = call
+    dtype = np.dtype(np.float16) if name == "float16" else bf16()
+    q16, k16, v16 = _cast((q, k, v), dtype)
+    out = poisoned(
+        np.broadcast_shapes(q.shape[:-3], k.shape[:-3]) + q.shape[-3:-1] + v.shape[-1:], dtype
+    )
+    got, lse, w = sdpa(q16, k16, v16, **kwargs, out=out, return_lse=True, return_weights=True)
+    assert got is out
+    want, lse32, w32 = sdpa(
+        *_cast((q16, k16, v16), np.float32), **kwargs, return_lse=True, return_weights=True
+    )
+    _same_bits(got, want.astype(dtype))
+    assert lse.dtype == np.float32
+    _same_bits(lse, lse32)
+    # Weights: the result dtype for float16 (as before), float32 for bfloat16.
+    _same_bits(w, w32 if name == "bfloat16" else w32.astype(np.float16))
+    # Without out= and extras (the fast path for plain calls) the same output.
+    _same_bits(sdpa(q16, k16, v16, **kwargs), want.astype(dtype))
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(call=attention_calls())
+def test_bfloat16_accuracy_rule(isa, call):
+    """max |fast - ref64| <= 2 * max |twin - ref64|, the twin's output rounded to bfloat16
+    as ours is. The twin's error is floored at a quarter of a bfloat16 ulp of the largest
+    output (2^-9 relative): with few elements its output rounding alone may happen to be
+    near 0, while ours is that rounding plus float32 error."""
+    q, k, v, kwargs = call
+    t = bf16()
+    q16, k16, v16 = _cast((q, k, v), t)
+    got = sdpa(q16, k16, v16, **kwargs)
+    assert got.dtype == t
+    ref = fastattn.reference.scaled_dot_product_attention(
+        *_cast((q16, k16, v16), np.float64), **kwargs
+    )
+    twin = bf16_twin(q, k, v, kwargs).astype(t).astype(np.float64)
+    err = np.abs(got.astype(np.float64) - ref).max(initial=0.0)
+    twin_err = np.abs(twin - ref).max(initial=0.0)
+    floor = 2.0**-9 * np.abs(ref).max(initial=0.0)
+    assert err <= 2 * max(twin_err, floor), (err, twin_err, floor)
+
+
+def test_dtype_rules():
+    rng = np.random.default_rng(0)
+    t = bf16()
+    q, k, v = (rng.standard_normal((2, 3, 5, 8)).astype(np.float32) for _ in range(3))
+    qb, kb, vb = _cast((q, k, v), t)
+    out, lse, w = sdpa(qb, kb, vb, return_lse=True, return_weights=True)
+    assert (out.dtype, lse.dtype, w.dtype) == (t, np.float32, np.float32)
+    # Mixed bfloat16 / float32 promote to float32; with float64 to float64; bfloat16 with
+    # float16 to float32 (NumPy has no common type of its own for them).
+    assert sdpa(qb, k, v).dtype == np.float32
+    np.testing.assert_array_equal(sdpa(qb, k, v), sdpa(qb.astype(np.float32), k, v))
+    assert sdpa(qb, kb, v.astype(np.float64)).dtype == np.float64
+    assert sdpa(qb, k.astype(np.float16), vb).dtype == np.float32
+    # A bfloat16 float mask is added in float32 (converted once).
+    m = rng.standard_normal((5, 5)).astype(t)
+    np.testing.assert_array_equal(
+        sdpa(qb, kb, vb, attn_mask=m), sdpa(qb, kb, vb, attn_mask=m.astype(np.float32))
+    )
+    # out= of the wrong dtype names the expected one.
+    with pytest.raises(ValueError, match="bfloat16"):
+        sdpa(qb, kb, vb, out=np.empty((2, 3, 5, 8), np.float32))
+    # The reference twin follows the same dtype rules.
+    ro, rl, rw = fastattn.reference.scaled_dot_product_attention(
+        qb, kb, vb, return_lse=True, return_weights=True
+    )
+    assert (ro.dtype, rl.dtype, rw.dtype) == (t, np.float32, np.float32)
+
+
+def test_float16_makes_no_float32_copy():
+    """Peak traced memory (NumPy's allocations) of a float16 call stays below one float32
+    copy of Q: the kernel reads the float16 arrays themselves."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 4, 1024, 64)).astype(np.float16) for _ in range(3))
+    sdpa(q, k, v)  # warm up (thread pool, first-call allocations)
+    for call in (lambda: sdpa(q, k, v), lambda: sdpa(q, k, v, is_causal=True, return_lse=True)):
+        tracemalloc.start()
+        try:
+            call()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < q.size * 4, peak
+
+
+def test_family_takes_bfloat16():
+    """The family computes bfloat16 in float32 (converted in Python) and returns bfloat16
+    (weights float32), as its reference twins do."""
+    rng = np.random.default_rng(5)
+    t = bf16()
+    q, k, v = (rng.standard_normal((2, 6, 8)).astype(t) for _ in range(3))
+    w_q, w_k = (rng.standard_normal((8, 4)).astype(t) for _ in range(2))
+    w_v = rng.standard_normal(4).astype(t)
+    calls = [
+        ("attention", (q, k, v), {"score": "cosine"}),
+        ("additive_attention", (q, k, v, w_q, w_k, w_v), {}),
+        ("nadaraya_watson", (q, k, v), {"bandwidth": 2.0}),
+    ]
+    for name, args, kwargs in calls:
+        got, w = getattr(fastattn, name)(*args, **kwargs, return_weights=True)
+        want, tw = getattr(fastattn.reference, name)(*args, **kwargs, return_weights=True)
+        assert got.dtype == want.dtype == t and w.dtype == tw.dtype == np.float32, name
+        # Both round a float32/float64 result to bfloat16: one bfloat16 ulp apart at most.
+        np.testing.assert_allclose(
+            got.astype(np.float32), want.astype(np.float32), atol=2**-7, rtol=2**-7
+        )
+    x = rng.standard_normal((3, 7)).astype(t)
+    out = fastattn.masked_softmax(x)
+    assert out.dtype == t
+    np.testing.assert_allclose(
+        out.astype(np.float32),
+        fastattn.reference.masked_softmax(x).astype(np.float32),
+        atol=2**-8,
+        rtol=2**-7,
+    )
+
+
+def test_show_config_says_whether_avx512_bf16_is_there():
+    line = fastattn._config.config()["avx512_bf16"]
+    assert line.startswith("supported" if fastattn._core.cpu_has_avx512_bf16() else "not")
