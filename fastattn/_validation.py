@@ -314,6 +314,26 @@ class SdpaArgs:
         return self.out_shape[:-1] + (self.key.shape[-2],)
 
 
+
+def _check_features(q, k, e: int, ek: int) -> None:
+    """Query and key feature sizes (last axes) match and are >= 1."""
+    if ek != e:
+        raise ValueError(
+            f"key has feature size {ek} (last axis) but query has {e}: they must match "
+            f"(query {q.shape}, key {k.shape})"
+        )
+    if e == 0:
+        raise ValueError(f"query and key must have a feature size E >= 1, got shape {q.shape}")
+
+
+def _check_heads(k, v, hq: int, hkv: int, hv: int) -> None:
+    """Value and key heads match, and the key heads divide the query heads (GQA)."""
+    if hv != hkv:
+        raise ValueError(f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})")
+    if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
+        raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
+
+
 def _layout(
     query,
     key,
@@ -357,21 +377,12 @@ def _layout(
     hkv, lk, ek = k3.shape[-3:]
     hv, lv, ev = v3.shape[-3:]
     if same_features:
-        if ek != e:
-            raise ValueError(
-                f"key has feature size {ek} (last axis) but query has {e}: they must match "
-                f"(query {q.shape}, key {k.shape})"
-            )
-        if e == 0:
-            raise ValueError(f"query and key must have a feature size E >= 1, got shape {q.shape}")
+        _check_features(q, k, e, ek)
     if lv != lk:
         raise ValueError(
             f"value has {lv} positions (axis -2) but key has {lk} (key {k.shape}, value {v.shape})"
         )
-    if hv != hkv:
-        raise ValueError(f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})")
-    if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
-        raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
+    _check_heads(k, v, hq, hkv, hv)
     if len(batch) > _MAX_BATCH_DIMS:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
 
@@ -588,21 +599,12 @@ def varlen_args(
     v = _packed(value, "value", "(total_k, Hkv, Ev)")
     result, compute = result_dtypes(q, k, v)
     (tq, hq, e), (tk, hkv, ek), (tv, hv, ev) = q.shape, k.shape, v.shape
-    if ek != e:
-        raise ValueError(
-            f"key has feature size {ek} (last axis) but query has {e}: they must match "
-            f"(query {q.shape}, key {k.shape})"
-        )
-    if e == 0:
-        raise ValueError(f"query and key must have a feature size E >= 1, got shape {q.shape}")
+    _check_features(q, k, e, ek)
     if tv != tk:
         raise ValueError(
             f"value has {tv} tokens (axis 0) but key has {tk} (key {k.shape}, value {v.shape})"
         )
-    if hv != hkv:
-        raise ValueError(f"value has {hv} heads but key has {hkv} (key {k.shape}, value {v.shape})")
-    if (hkv == 0 and hq != 0) or (hkv and hq % hkv):
-        raise ValueError(f"key has {hkv} heads, which does not divide query's {hq} heads")
+    _check_heads(k, v, hq, hkv, hv)
     cu_q = _boundaries(cu_seqlens_q, "cu_seqlens_q", tq, "total_q (query.shape[0])")
     cu_k = _boundaries(cu_seqlens_k, "cu_seqlens_k", tk, "total_k (key.shape[0])")
     if cu_q.shape != cu_k.shape:
