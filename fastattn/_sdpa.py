@@ -181,9 +181,10 @@ def scaled_dot_product_attention(
         )
         raise NotImplementedError(f"{name} is not supported on {where} {name}): pass NumPy arrays")
     if kind is not None and (key_scale is not None or value_scale is not None):
+        arrays = "CuPy" if kind == "cupy" else "Dask"
         raise NotImplementedError(
-            f"int8 key/value (key_scale/value_scale) do not run on {'CuPy' if kind == 'cupy' else 'Dask'} "
-            "arrays: pass NumPy arrays, or float key/value"
+            f"int8 key/value (key_scale/value_scale) do not run on {arrays} arrays: pass NumPy "
+            "arrays, or float key/value"
         )
     if kind == "dask":  # a lazy graph whose blocks come back here
         from fastattn import _dask

@@ -314,7 +314,6 @@ class SdpaArgs:
         return self.out_shape[:-1] + (self.key.shape[-2],)
 
 
-
 def _check_features(q, k, e: int, ek: int) -> None:
     """Query and key feature sizes (last axes) match and are >= 1."""
     if ek != e:

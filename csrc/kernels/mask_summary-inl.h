@@ -189,8 +189,7 @@ inline const uint64_t* summary_row(const MaskSummary& sum, int64_t batch_ndim, c
 // save work gets them in row.chunks. Updates the union [*klo, *khi).
 template <typename T, typename S>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
-                             const int64_t* coord, RowRef<T, S>* rows, int64_t* klo,
-                             int64_t* khi) {
+                             const int64_t* coord, RowRef<T, S>* rows, int64_t* klo, int64_t* khi) {
   int64_t lo_all = p.len_k, hi_all = 0;  // empty
   for (int64_t r = 0; r < c.heads * c.nq; ++r) {
     RowRef<T, S>& row = rows[r];

@@ -1,5 +1,5 @@
-"""Options the Dask path does not have are refused by name, never dropped: sinks and
-ALiBi slopes (SDPA), attention(sinks=), a layer built with use_sinks=True."""
+"""Options the Dask path does not have are refused by name, never dropped: sinks, ALiBi
+slopes and int8 key/value (SDPA), attention(sinks=), a layer built with use_sinks=True."""
 
 from __future__ import annotations
 
@@ -36,3 +36,12 @@ def test_layer_with_sinks_refused():
     with pytest.raises(NotImplementedError, match="use_sinks=True"):
         layer(x)
     assert isinstance(layer(np.ones((2, 5, 8), np.float32)), np.ndarray)  # NumPy still runs
+
+
+def test_int8_kv_refused():
+    q, k, v = _qkv()
+    scale = np.ones((2, 4, 16), np.float32)
+    with pytest.raises(NotImplementedError, match="int8 key/value .* do not run on Dask arrays"):
+        fastattn.scaled_dot_product_attention(
+            q, k.astype(np.int8), v.astype(np.int8), key_scale=scale, value_scale=scale
+        )
