@@ -153,7 +153,8 @@ def limits_lines(doc: dict) -> list[str]:
         out.append(
             f"- FMA peak, same run: {rates} (`fastattn._core.fma_peak`: the "
             f"{lim['isa']} FMA-throughput kernel, {_threads(lim)}, "
-            f"{lim['fma_seconds']:g} s per dtype)."
+            f"the best of {lim.get('fma_rounds', 1)} probes of {lim['fma_seconds']:g} s per "
+            "dtype)."
         )
     if bw is None:
         out.append(
