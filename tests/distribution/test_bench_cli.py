@@ -318,7 +318,7 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
     assert (
         f"FMA peak, same run: float32 **400.0 GFLOP/s**, float64 **200.0 GFLOP/s** "
         f"(`fastattn._core.fma_peak`: the {lim['isa']} FMA-throughput kernel, 1 thread, "
-        "0.01 s per dtype)"
+        "the best of 3 probes of 0.01 s per dtype)"
     ) in md
     assert (
         "Read bandwidth, same run: **50.0 GB/s** (`fastattn._core.read_bandwidth`: "
