@@ -55,6 +55,8 @@ def sdpa_varlen(
     window_left: int,
     window_right: int,
     num_threads: int,
+    sinks: NDArray[np.floating] | None = None,
+    alibi_slopes: NDArray[np.floating] | None = None,
 ) -> None: ...
 def merge_states(
     outputs: Sequence[NDArray[np.floating]],

@@ -541,6 +541,9 @@ class VarlenArgs:
     is_causal: bool
     bottom_right: bool
     window: tuple[int, int]  # -1 = unbounded
+    # One value per query head, shape (Hq,) or broadcastable to it, or None.
+    sinks: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
 
     def named_inputs(self) -> dict:
         """The arrays by the names the errors use (for ``out=``'s overlap check)."""
@@ -592,6 +595,8 @@ def varlen_args(
     window,
     scale,
     softcap,
+    sinks=None,
+    alibi_slopes=None,
 ) -> VarlenArgs:
     q = _packed(query, "query", "(total_q, Hq, E)")
     k = _packed(key, "key", "(total_k, Hkv, E)")
@@ -630,6 +635,10 @@ def varlen_args(
     )
     args.scale = _check_scale(scale, args)
     args.softcap = _check_softcap(softcap, compute)
+    if sinks is not None:
+        args.sinks = check_head_values(sinks, "sinks", (hq,))
+    if alibi_slopes is not None:
+        args.alibi_slopes = check_head_values(alibi_slopes, "alibi_slopes", (hq,))
     return args
 
 

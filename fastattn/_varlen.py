@@ -28,6 +28,8 @@ def varlen_attention(
     window: tuple[int | None, int | None] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
     return_lse: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
@@ -62,6 +64,12 @@ def varlen_attention(
     scale : float, default ``1 / sqrt(E)``
     softcap : float > 0, optional
         Scores become ``softcap * tanh(score / softcap)`` after scaling.
+    sinks : array_like of float, optional
+        One attention-sink logit per query head, shape ``(Hq,)``: as in
+        :func:`scaled_dot_product_attention`, in every sequence.
+    alibi_slopes : array_like of float, optional
+        One ALiBi slope per query head, shape ``(Hq,)``: ``-slope * |j - (i + d)|`` joins the
+        scores, with each sequence's own positions and causal alignment ``d``.
     return_lse : bool
         Also return the log-sum-exp of each score row, shape ``(total_q, Hq)``, in the
         compute dtype (float32 for float16 inputs).
@@ -107,6 +115,8 @@ def varlen_attention(
         window,
         scale,
         softcap,
+        sinks,
+        alibi_slopes,
     )
     want_lse = check_flag(return_lse, "return_lse")
     threads = _threads.resolve(num_threads)
@@ -120,6 +130,11 @@ def varlen_attention(
     v = kernel_ready(args.value, dtype).transpose(1, 0, 2)
     result, in_place = result_buffer(out, args.out_shape, dtype)
     lse = np.empty(args.out_shape[:-1], dtype) if want_lse else None
+    hq = args.out_shape[1]
+
+    def per_head(a):  # (Hq,) in the compute dtype, as the kernel reads them
+        return None if a is None else np.ascontiguousarray(np.broadcast_to(a.astype(dtype), (hq,)))
+
     left, right = args.window
     _core.sdpa_varlen(
         query=q,
@@ -136,6 +151,8 @@ def varlen_attention(
         window_left=left,
         window_right=right,
         num_threads=threads,
+        sinks=per_head(args.sinks),
+        alibi_slopes=per_head(args.alibi_slopes),
     )
     output = finish(result, args.out_shape, args.result_dtype, out, in_place)
     return (output, lse) if want_lse else output

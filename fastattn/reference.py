@@ -228,6 +228,8 @@ def varlen_attention(
     window: tuple[int | None, int | None] | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
     return_lse: bool = False,
     out: NDArray[np.floating] | None = None,
     num_threads: int | None = None,
@@ -253,6 +255,8 @@ def varlen_attention(
         window,
         scale,
         softcap,
+        sinks,
+        alibi_slopes,
     )
     want_lse = check_flag(return_lse, "return_lse")
     _threads.resolve(num_threads)
@@ -279,6 +283,8 @@ def varlen_attention(
             window=window_arg,
             scale=args.scale,
             softcap=args.softcap,
+            sinks=args.sinks,
+            alibi_slopes=args.alibi_slopes,
             return_lse=True,
         )
         output[rows] = np.swapaxes(o, 0, 1)
