@@ -190,8 +190,9 @@ def test_errors():
         bad.compute(scheduler="sync")
 
 
-def test_numpy_calls_do_not_import_dask():
-    """Dask is imported only when the caller passed a Dask array."""
+def test_numpy_calls_do_not_import_dask(tmp_path):
+    """Dask is imported only when the caller passed a Dask array. (The child runs outside
+    the checkout, whose uncompiled fastattn/ folder Python would import first.)"""
     import subprocess
     import sys
 
@@ -200,7 +201,7 @@ def test_numpy_calls_do_not_import_dask():
         "fastattn.scaled_dot_product_attention(x, x, x, valid_lens=np.array([1, 2]));"
         "fastattn.masked_softmax(x); assert 'dask' not in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
 def test_worker_killed_mid_computation(client, tmp_path):
