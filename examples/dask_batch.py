@@ -1,6 +1,6 @@
 """
 A large batch on Dask workers: embedding a corpus with a self-attention layer
-============================================================================
+=============================================================================
 
 A corpus of padded token sequences is embedded by one ``fastattn.MultiHeadAttention``
 layer followed by mean pooling over each sequence's valid tokens. The batch is a Dask

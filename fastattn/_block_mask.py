@@ -23,14 +23,14 @@ class BlockMask:
     """A read-only bool attention mask (``True`` = may attend) and its tile occupancy.
 
     Build it with :func:`fastattn.block_mask`; pass it as ``attn_mask=`` to
-    :func:`fastattn.scaled_dot_product_attention`, where it means exactly :attr:`mask`.
+    :func:`fastattn.scaled_dot_product_attention`, where it means exactly ``mask``.
 
     Attributes
     ----------
     mask : ndarray of bool, shape (..., Lq, Lk)
         The mask (read-only, C-contiguous; broadcasts like any ``attn_mask``).
     block_size : int
-        The tile edge of :attr:`tile_counts`.
+        The tile edge of ``tile_counts``.
     tile_counts : ndarray of int64, shape (..., ceil(Lq / block_size), ceil(Lk / block_size))
         Kept entries per ``block_size x block_size`` tile (edge tiles are smaller).
     """
@@ -89,7 +89,7 @@ def block_mask(mask: ArrayLike, *, block_size: int = 64) -> BlockMask:
         ``True`` where a query may attend a key. Copied (later changes to ``mask`` do not
         reach the BlockMask).
     block_size : int, default 64
-        Tile edge for :attr:`BlockMask.tile_counts` and :attr:`BlockMask.sparsity` (the
+        Tile edge for ``BlockMask.tile_counts`` and :attr:`BlockMask.sparsity` (the
         kernels skip hidden keys in chunks of 64 whatever this is).
 
     Returns
