@@ -47,7 +47,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
   "$venv/bin/pip" install -q --upgrade pip
 fi
 "$venv/bin/pip" install -q scikit-build-core pybind11 numpy pytest hypothesis threadpoolctl \
-  pytest-benchmark matplotlib cython
+  pytest-benchmark matplotlib cython ml_dtypes
 
 # -O2 -g (RelWithDebInfo): optimised like the release build, with line numbers in reports.
 san="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all"
@@ -79,13 +79,15 @@ case "$mode" in
     pytest_args=(tests/sdpa/test_semantics.py tests/family/test_masked_softmax.py
                  tests/family/test_additive_attention.py tests/family/test_attention_general.py
                  tests/family/test_nadaraya_watson.py tests/reliability/test_fuzz.py
-                 tests/reliability/test_edge_inputs.py tests/capi/test_capi.py) ;;
+                 tests/reliability/test_edge_inputs.py tests/capi/test_capi.py
+                 tests/varlen/test_varlen.py tests/tile_skipping/test_tile_skipping.py
+                 tests/lowp tests/sdpa/test_sinks_alibi.py) ;;
   default)
     pytest_args=(tests/sdpa/test_semantics.py tests/sdpa/test_properties.py
                  tests/sdpa/test_errors.py tests/sdpa/test_exp2.py tests/family tests/layer
                  tests/reliability/test_fuzz.py tests/reliability/test_edge_inputs.py
                  tests/reliability/test_concurrency.py tests/reliability/test_large_index.py
-                 tests/capi) ;;
+                 tests/capi tests/varlen tests/tile_skipping tests/lowp tests/sdpa/test_sinks_alibi.py) ;;
   all)
     pytest_args=(tests) ;;
 esac
