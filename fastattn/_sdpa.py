@@ -172,41 +172,25 @@ def scaled_dot_product_attention(
     kind = _dispatch.backend(
         query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes, key_scale, value_scale
     )
-    if kind is not None and (sinks is not None or alibi_slopes is not None):
-        name = "sinks" if sinks is not None else "alibi_slopes"
-        where = (
-            "CuPy arrays (the CUDA kernel has no"
-            if kind == "cupy"
-            else "Dask arrays (the Dask path has no"
-        )
-        raise NotImplementedError(f"{name} is not supported on {where} {name}): pass NumPy arrays")
-    if kind is not None and (key_scale is not None or value_scale is not None):
+    if kind is not None:  # CuPy: the CUDA kernel; Dask: a lazy graph whose blocks come back here
         arrays = "CuPy" if kind == "cupy" else "Dask"
-        raise NotImplementedError(
-            f"int8 key/value (key_scale/value_scale) do not run on {arrays} arrays: pass NumPy "
-            "arrays, or float key/value"
-        )
-    if kind == "dask":  # a lazy graph whose blocks come back here
-        from fastattn import _dask
-
-        return _dask.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            scale=scale,
-            softcap=softcap,
-            return_lse=return_lse,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
-        )
-    if kind == "cupy":
-        return _cuda.scaled_dot_product_attention(
+        if sinks is not None or alibi_slopes is not None:
+            name = "sinks" if sinks is not None else "alibi_slopes"
+            path = "the CUDA kernel" if kind == "cupy" else "the Dask path"
+            raise NotImplementedError(
+                f"{name} is not supported on {arrays} arrays ({path} has no {name}): pass NumPy "
+                "arrays"
+            )
+        if key_scale is not None or value_scale is not None:
+            raise NotImplementedError(
+                f"int8 key/value (key_scale/value_scale) do not run on {arrays} arrays: pass "
+                "NumPy arrays, or float key/value"
+            )
+        if kind == "dask":
+            from fastattn import _dask as engine
+        else:
+            engine = _cuda
+        return engine.scaled_dot_product_attention(
             query,
             key,
             value,
