@@ -21,15 +21,21 @@ def config() -> dict[str, str]:
         "isa": _core.active_isa(),
         "isas_available": ", ".join(_core.available_isas()),
         "isas_compiled": ", ".join(_core.compiled_isas()),
-        # bfloat16 is widened to float32 by every ISA's kernels; vdpbf16ps is not used yet.
-        "avx512_bf16": (
-            "supported by this CPU (not used: bfloat16 is widened to float32)"
-            if _core.cpu_has_avx512_bf16()
-            else "not supported by this CPU"
-        ),
+        # The avx512bf16 ISA runs bfloat16 SDPA with vdpbf16ps; every other ISA widens.
+        "avx512_bf16": _avx512_bf16_line(),
         "num_threads": str(_threads.get_num_threads()),
         "cuda": _cuda.describe(),  # CuPy's version and the device, when it sees a GPU
     }
+
+
+def _avx512_bf16_line() -> str:
+    if not _core.cpu_has_avx512_bf16():
+        return "not supported by this CPU"
+    if "avx512bf16" not in _core.compiled_isas():
+        return "supported by this CPU (not compiled into this build: bfloat16 is widened)"
+    if _core.active_isa() == "avx512bf16":
+        return "supported by this CPU (used: bfloat16 SDPA runs vdpbf16ps)"
+    return f"supported by this CPU (not used by ISA {_core.active_isa()}: bfloat16 is widened)"
 
 
 def show_config(file: TextIO | None = None) -> None:

@@ -18,6 +18,19 @@ namespace {
 #define FASTATTN_KERNEL_TABLE(tag) \
   {tag, FASTATTN_NAME_OF(FASTATTN_TABLE_NS), FASTATTN_OPS(FASTATTN_TABLE_ENTRY)}
 
+#if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
+// The avx512 row with its own bfloat16 SDPA entry (kernels/sdpa_bf16.cpp), which hands
+// every other dtype to the avx512 kernel: FASTATTN_ISA=avx512 is the widening path.
+KernelTable avx512bf16_table() {
+#define FASTATTN_TABLE_NS avx512
+  KernelTable t = FASTATTN_KERNEL_TABLE(Isa::kAvx512Bf16);
+#undef FASTATTN_TABLE_NS
+  t.name = "avx512bf16";
+  t.sdpa_forward_f32 = avx512bf16::sdpa_forward_f32;
+  return t;
+}
+#endif
+
 const KernelTable kTables[] = {
 #define FASTATTN_TABLE_NS scalar
     FASTATTN_KERNEL_TABLE(Isa::kScalar),
@@ -34,6 +47,9 @@ const KernelTable kTables[] = {
 #define FASTATTN_TABLE_NS avx512
     FASTATTN_KERNEL_TABLE(Isa::kAvx512),
 #undef FASTATTN_TABLE_NS
+#endif
+#if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
+    avx512bf16_table(),
 #endif
 };
 constexpr int kNumTables = int(sizeof(kTables) / sizeof(kTables[0]));
@@ -52,6 +68,8 @@ bool cpu_supports(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512Bf16:
+      return cpu_supports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
 #endif
     default:
       return false;
@@ -81,7 +99,7 @@ std::vector<std::string> compiled_isas() {
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) || defined(_M_X64)
   // libgcc's cpu model also checks that the OS saves the ZMM state (xgetbv).
-  return cpu_supports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+  return cpu_supports(Isa::kAvx512Bf16);
 #else
   return false;
 #endif

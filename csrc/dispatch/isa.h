@@ -10,7 +10,8 @@
 
 namespace fastattn {
 
-enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512 };
+// kAvx512Bf16: the avx512 kernels, bfloat16 SDPA with vdpbf16ps (AVX512-BF16).
+enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512, kAvx512Bf16 };
 
 // One ISA's kernels: a name_f32 and a name_f64 pointer per entry of FASTATTN_OPS.
 struct KernelTable {
@@ -25,8 +26,8 @@ struct KernelTable {
 
 // ISAs this build compiled and this CPU/OS can run, best last.
 std::vector<std::string> available_isas();
-// Whether the CPU and OS support AVX512-BF16 (vdpbf16ps), for show_config: no kernel of
-// this build uses it (bfloat16 is widened to float32 on every ISA).
+// Whether the CPU and OS support AVX512-BF16 (vdpbf16ps), for show_config; the avx512bf16
+// ISA (when compiled in) uses it for bfloat16 SDPA.
 bool cpu_has_avx512_bf16();
 // Names compiled into this build, whether the CPU can run them or not.
 std::vector<std::string> compiled_isas();

@@ -23,6 +23,7 @@
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
 #include "kernels/row_bias-inl.h"
+#include "kernels/sdpa_bf16-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -123,15 +124,23 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   auto sa = [&](int64_t g) { return seg_a[g] - c0; };
   auto sb = [&](int64_t g) { return seg_b[g] - c0; };
   auto se = [&](int64_t g, int64_t w) { return imin(round_up(sb(g), CT), w); };
+  constexpr bool kDot = kDotBf16<S> && !kThin;  // bfloat16 products (sdpa_bf16-inl.h)
   for (int64_t g = 0; g < nseg; ++g) {
     if (kThin) {
       scores_direct(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
                     sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr);
     } else {
-      for (int64_t t = 0; t < tile_rows / RT; ++t)
-        if (se(g, width[t]) > sa(g))
+      for (int64_t t = 0; t < tile_rows / RT; ++t) {
+        if (se(g, width[t]) <= sa(g)) continue;
+        if constexpr (kDot)
+          scores_tile_bf16(reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2),
+                           E, reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2),
+                           T(p.scale), sc.s + t * RT * kt_ld + sa(g), kt_ld, RT,
+                           se(g, width[t]) - sa(g));
+        else
           scores_tile(sc.q + (r0 + t * RT) * E, E, kt + (sa(g) / CT) * E * CT,
                       sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
+      }
     }
   }
 
@@ -228,7 +237,11 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
   if (!*v_packed) {
-    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
+    if constexpr (kDot)
+      *v_finite = pack_values_bf16(v_block, p.v.row_stride, n_block, Ev, kt_ld,
+                                   reinterpret_cast<uint32_t*>(sc.vp));
+    else
+      *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
     *v_packed = true;
   }
   for (int64_t g = 0; g < nseg; ++g) {
@@ -236,8 +249,13 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       const int64_t jb = imin(imin(width[r / RT], n), sb(g));
       if (jb <= sa(g)) continue;
       if (*v_finite) {
-        pv_tile(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g), sc.vp + (c0 + sa(g)) * CT, kt_ld, Eva,
-                acc + r * Eva, Eva);
+        if constexpr (kDot)
+          pv_tile_bf16(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g),
+                       reinterpret_cast<const uint32_t*>(sc.vp) + (c0 + sa(g)) / 2 * CT, kt_ld / 2,
+                       Eva, acc + r * Eva, Eva);
+        else
+          pv_tile(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g), sc.vp + (c0 + sa(g)) * CT, kt_ld,
+                  Eva, acc + r * Eva, Eva);
       } else {
         for (int64_t rr = r; rr < imin(r + RT, nrows); ++rr)
           pv_row(sc.s + rr * kt_ld + sa(g), jb - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
@@ -307,18 +325,23 @@ struct SdpaEngine {
            batch_offset(p.value_scale.batch_stride, tv.refs.coord, p.batch_ndim) +
            tv.c.hk * p.value_scale.head_stride;
     }
+    constexpr bool kDot = kDotBf16<S> && !kThin;  // unscaled pairs (sdpa_bf16-inl.h)
     for (int64_t r = 0; r < nrows; ++r) {
       const RowRef<T, S>& row = tv.rows[r];
       sc.m[r] = kNegInf;
       sc.l[r] = T(0);
-      for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * widen<T>(row.q[e]);
+      if (!kDot)
+        for (int64_t e = 0; e < E; ++e) sc.q[r * E + e] = scale * widen<T>(row.q[e]);
       // Weights hold the masked scores (-inf = not attended) until the final lse is known.
       if (row.weights)
         for (int64_t j = tv.key_begin; j < tv.key_end; ++j) row.weights[j] = kNegInf;
     }
     // Rows up to the next whole register tile are padding: zero queries, never read back.
     const int64_t tile_rows = round_up(nrows, kRowTile);
-    std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
+    if constexpr (kDot)
+      pack_queries_bf16(tv.rows, nrows, tile_rows, E, reinterpret_cast<uint32_t*>(sc.q));
+    else
+      std::memset(sc.q + nrows * E, 0, size_t((tile_rows - nrows) * E) * sizeof(T));
     std::memset(sc.acc, 0, size_t(tile_rows * Eva) * sizeof(T));
   }
 
@@ -349,7 +372,10 @@ struct SdpaEngine {
       const int64_t nseg = visible_segments(tv.rows, r0, r1, kb, c0, hi_max - kb, seg_a, seg_b);
       if (nseg == 0) continue;  // the bool mask hides this whole tile
       if (!kThin && !packed) {
-        pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt, kbs);
+        if constexpr (kDotBf16<S>)
+          pack_keys_bf16(k, p.k.row_stride, n, ncols, p.dim_q, reinterpret_cast<uint32_t*>(sc.kt));
+        else
+          pack_keys<T>(k, p.k.row_stride, n, ncols, p.dim_q, sc.kt, kbs);
         packed = true;
       }
       attend_block<T, S, KV, kThin>(p, plan, sc, tv.rows, r0, r1, kb, n, c0, hi_max - kb, seg_a,
@@ -486,6 +512,7 @@ bool sdpa_forward(const SdpaParams& p) {
   return ok;
 }
 
+#if !defined(FASTATTN_DPBF16)  // the avx512bf16 TU defines its own entry point
 // The softmax's exp2 on an array (whole vectors, then one-lane tail), for the accuracy test.
 template <typename T>
 void exp2_array(const T* x, T* out, int64_t n) {
@@ -512,9 +539,12 @@ bool sdpa_forward_f32(const SdpaParams& params) {
   }
 }
 bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double, double>(params); }
+#endif  // !FASTATTN_DPBF16
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn
 
 // fastattn.varlen_attention runs this engine over packed sequences; compiled in this TU.
+#if !defined(FASTATTN_DPBF16)
 #include "kernels/varlen-inl.h"
+#endif

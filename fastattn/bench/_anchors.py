@@ -233,10 +233,12 @@ def _ort_gqa(q, k, v, dims, threads) -> Runner:
 
 
 @functools.cache
-def _openvino_model(shapes: tuple[tuple[int, ...], ...], causal: bool, threads: int):
+def _openvino_model(
+    shapes: tuple[tuple[int, ...], ...], causal: bool, threads: int, precision: str = "f32"
+):
     """A compiled opset13 ScaledDotProductAttention for CPU with its infer request, built
-    once per (shapes, threads). Without the f32 hint the CPU plugin runs bfloat16 on
-    AVX-512 machines that have it."""
+    once per (shapes, threads, precision). Without the f32 hint the CPU plugin runs bfloat16
+    on AVX-512 machines that have it; precision "bf16" asks for that explicitly."""
     import openvino as ov
     from openvino import opset13
 
@@ -244,9 +246,20 @@ def _openvino_model(shapes: tuple[tuple[int, ...], ...], causal: bool, threads: 
     out = opset13.scaled_dot_product_attention(*params, causal=causal)
     model = ov.Model([out], params, "attention")
     compiled = ov.Core().compile_model(
-        model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+        model, "CPU", {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads}
     )
     return compiled.create_infer_request()
+
+
+def openvino_bf16_runner(q, k, v, causal: bool, threads: int) -> Runner:
+    """OpenVINO's bfloat16 SDPA (INFERENCE_PRECISION_HINT=bf16: the CPU plugin computes the
+    attention in bfloat16 on AVX512-BF16/AMX CPUs) on float32 (B, H, L, E) inputs with
+    Hq == Hkv: the anchor of fastattn's bfloat16 rows."""
+    b, hq, lq, _ = q.shape
+    ev = v.shape[3]
+    request = _openvino_model(tuple(a.shape for a in (q, k, v)), causal, threads, "bf16")
+    call = functools.partial(request.infer, [q, k, v], share_inputs=True, share_outputs=True)
+    return Runner("opset13 SDPA, bf16 hint", call, lambda out: out[0].reshape(b, hq, lq, ev))
 
 
 def _openvino_runners(q, k, v, causal, threads) -> list[Runner]:

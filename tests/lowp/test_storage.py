@@ -2,10 +2,11 @@
 widened block by block inside the kernel (float32 compute), the output rounded to the
 storage type as it is stored (round to nearest even).
 
-On an ISA that widens (every ISA but the bfloat16 dot-product one) the arithmetic is the
-float32 kernel's on the widened values, so the result must be bit-identical to the float32
-call on the same values, rounded: that is asserted exactly. The bfloat16 accuracy rule
-(helpers.lowp_checks) is asserted on every ISA.
+On an ISA that widens (every ISA but the bfloat16 dot-product one, avx512bf16, and float16
+on every ISA) the arithmetic is the float32 kernel's on the widened values, so the result
+must be bit-identical to the float32 call on the same values, rounded: that is asserted
+exactly. The bfloat16 accuracy rule (helpers.lowp_checks) is asserted on every ISA; the
+dot-product kernel's own tests are in test_bf16_dot.py.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def test_widened_in_kernel_equals_float32_call_rounded(isa, name, call):
     want, lse32, w32 = sdpa(
         *_cast((q16, k16, v16), np.float32), **kwargs, return_lse=True, return_weights=True
     )
+    if name == "bfloat16" and isa == "avx512bf16":
+        # Its tiled kernel rounds P to bfloat16 and sums in vdpbf16ps's order (not the
+        # float32 kernel's): held to the accuracy rule instead (test_bf16_dot.py). Its two
+        # entries (with extras, and the plain fast path) still agree bit for bit.
+        _same_bits(sdpa(q16, k16, v16, **kwargs), got)
+        return
     _same_bits(got, want.astype(dtype))
     assert lse.dtype == np.float32
     _same_bits(lse, lse32)

@@ -1,0 +1,217 @@
+// The bfloat16 dot-product products of the tiled SDPA engine (sdpa-inl.h): Q K^T and P V
+// on bfloat16 operands with float32 accumulation (vdpbf16ps, AVX512-BF16), the softmax
+// itself in float32. Only the avx512bf16 TU (kernels/sdpa_bf16.cpp, which defines
+// FASTATTN_DPBF16) defines them and turns kDotBf16 on; every other ISA widens bfloat16
+// to float32 and sees declarations only (never instantiated there).
+//
+// vdpbf16ps multiplies pairs of bfloat16 and adds both products to a float32 lane, so the
+// operands are packed in pairs along the summed axis: Q and K^T along head_dim (one
+// 32-bit word = elements e, e + 1), V and P along the keys (keys j, j + 1; j even).
+// Odd lengths pad the pair with a zero. P is rounded to bfloat16 (nearest even) for P V,
+// as FlashAttention does; the row sum l stays the float32 sum of the unrounded P.
+#pragma once  // per translation unit
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/attention-inl.h"
+#include "simd/storage.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+
+#if defined(FASTATTN_DPBF16)
+template <typename S>
+constexpr bool kDotBf16 = std::is_same_v<S, BFloat16>;
+#else
+template <typename S>
+constexpr bool kDotBf16 = false;
+#endif
+
+// Query rows -> pair words (row r at q + r * ceil(E/2)), unscaled: the softmax scale is
+// applied to the float32 scores. Rows [nrows, tile_rows) are zero (padding).
+template <typename RowRefT>
+inline void pack_queries_bf16(const RowRefT* rows, int64_t nrows, int64_t tile_rows,
+                              int64_t head_dim, uint32_t* q);
+// Keys [0, n) as pair panels: column tile c (kColTile keys) holds, for each pair of head_dim
+// elements ep, kColTile words (one per key); zero-padded to ncols keys.
+inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int64_t ncols,
+                           int64_t head_dim, uint32_t* kt);
+// Values [0, n) as pair panels: column chunk c (kColTile of the head_dim_v columns) holds,
+// for each key pair, kColTile words (one per column); panel_rows / 2 pairs per chunk, a
+// missing odd key zero. Returns whether every value is finite (as pack_values).
+inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                             int64_t panel_rows, uint32_t* vp);
+// s[r, 0:ncols) = scale * (q[r] . K^T[:, 0:ncols)), as scores_tile.
+inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
+                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols);
+// acc[r, :] += bf16(p[r, 0:n)) V for kRowTile rows, as pv_tile (pairs start at key 0 of vp).
+inline void pv_tile_bf16(const float* p, int64_t p_ld, int64_t n, const uint32_t* vp,
+                         int64_t panel_pairs, int64_t dv_pad, float* acc, int64_t acc_ld);
+
+#if defined(FASTATTN_DPBF16)
+
+inline uint32_t bf16_pair(const BFloat16* x, int64_t e, int64_t len) {
+  return uint32_t(x[e].bits) | (e + 1 < len ? uint32_t(x[e + 1].bits) << 16 : 0u);
+}
+
+template <typename RowRefT>
+inline void pack_queries_bf16(const RowRefT* rows, int64_t nrows, int64_t tile_rows,
+                              int64_t head_dim, uint32_t* q) {
+  const int64_t E2 = (head_dim + 1) / 2;
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int64_t ep = 0; ep < E2; ++ep) q[r * E2 + ep] = bf16_pair(rows[r].q, 2 * ep, head_dim);
+  std::memset(q + nrows * E2, 0, size_t((tile_rows - nrows) * E2) * sizeof(uint32_t));
+}
+
+inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int64_t ncols,
+                           int64_t head_dim, uint32_t* kt) {
+  constexpr int CT = kColTile<float>;
+  const int64_t E2 = (head_dim + 1) / 2;
+  for (int64_t j = 0; j < ncols; ++j) {
+    uint32_t* dst = kt + (j / CT) * E2 * CT + (j % CT);
+    if (j < n) {
+      const BFloat16* kr = k + j * row_stride;
+      const int64_t whole = head_dim / 2;
+      for (int64_t ep = 0; ep < whole; ++ep) {
+        uint32_t w;
+        std::memcpy(&w, kr + 2 * ep, sizeof(w));  // two bfloat16, little-endian: e low
+        dst[ep * CT] = w;
+      }
+      if (whole < E2) dst[whole * CT] = kr[head_dim - 1].bits;
+    } else {
+      for (int64_t ep = 0; ep < E2; ++ep) dst[ep * CT] = 0;
+    }
+  }
+}
+
+inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                             int64_t panel_rows, uint32_t* vp) {
+  constexpr int CT = kColTile<float>;  // 32 columns: one zmm of bfloat16 per key row
+  static_assert(CT == 32, "one 512-bit register holds a chunk's 32 bfloat16");
+  // Word i of the low (high) half: column i (16 + i) of key j in the low 16 bits, of key
+  // j + 1 in the high ones.
+  alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                   37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                   11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                                   53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                                   27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
+  const __m512i exp_bits = _mm512_set1_epi16(0x7f80);
+  __mmask32 bad = 0;  // a lane that held an inf or NaN (exponent all ones)
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t c = 0; c < head_dim_v; c += CT) {
+    const int64_t w = imin(CT, head_dim_v - c);
+    const __mmask32 cols = w == CT ? ~__mmask32(0) : (__mmask32(1) << w) - 1;
+    uint32_t* dst = vp + (c / CT) * (panel_rows / 2) * CT;
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      const int64_t j = 2 * jp;
+      const __m512i a = _mm512_maskz_loadu_epi16(cols, v + j * row_stride + c);
+      const __m512i b = j + 1 < n ? _mm512_maskz_loadu_epi16(cols, v + (j + 1) * row_stride + c)
+                                  : _mm512_setzero_si512();
+      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(a, exp_bits), exp_bits) |
+             _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, exp_bits), exp_bits);
+      _mm512_storeu_si512(dst + jp * CT, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(dst + jp * CT + CT / 2, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+  return bad == 0;
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// One register tile: kRowTile rows x NV vectors of 16 columns.
+template <int NV>
+inline void scores_tile_bf16_cols(const uint32_t* q, int64_t E2, const uint32_t* panel,
+                                  __m512 scale, float* s, int64_t s_ld) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  __m512 acc[RT][NV];
+  for (int rr = 0; rr < RT; ++rr)
+    for (int u = 0; u < NV; ++u) acc[rr][u] = _mm512_setzero_ps();
+  for (int64_t ep = 0; ep < E2; ++ep) {
+    __m512i k[NV];
+    // NV / 2 column tiles side by side: vectors 2t, 2t + 1 of tile t.
+    for (int u = 0; u < NV; ++u)
+      k[u] = _mm512_loadu_si512(panel + (u / 2) * E2 * CT + ep * CT + (u % 2) * 16);
+    for (int rr = 0; rr < RT; ++rr) {
+      const __m512i qb = _mm512_set1_epi32(int(q[rr * E2 + ep]));
+      for (int u = 0; u < NV; ++u)
+        acc[rr][u] = _mm512_dpbf16_ps(acc[rr][u], as_bh(qb), as_bh(k[u]));
+    }
+  }
+  for (int rr = 0; rr < RT; ++rr)
+    for (int u = 0; u < NV; ++u)
+      _mm512_storeu_ps(s + rr * s_ld + u * 16, _mm512_mul_ps(acc[rr][u], scale));
+}
+
+inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
+                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  const int64_t E2 = (head_dim + 1) / 2;
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < nrows; r += RT) {
+    int64_t c = 0;
+    for (; c + 2 * CT <= ncols; c += 2 * CT)
+      scores_tile_bf16_cols<4>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld);
+    for (; c < ncols; c += CT)
+      scores_tile_bf16_cols<2>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld);
+  }
+}
+
+// One register tile of P V: kRowTile rows x NV vectors of 16 columns (NV / 2 chunks).
+template <int NV>
+inline void pv_tile_bf16_cols(const uint32_t* pb, int64_t pb_ld, int64_t pairs,
+                              const uint32_t* panel, int64_t panel_pairs, float* acc,
+                              int64_t acc_ld) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  __m512 a[RT][NV];
+  for (int rr = 0; rr < RT; ++rr)
+    for (int u = 0; u < NV; ++u) a[rr][u] = _mm512_loadu_ps(acc + rr * acc_ld + u * 16);
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    __m512i v[NV];
+    for (int u = 0; u < NV; ++u)
+      v[u] = _mm512_loadu_si512(panel + (u / 2) * panel_pairs * CT + jp * CT + (u % 2) * 16);
+    for (int rr = 0; rr < RT; ++rr) {
+      const __m512i pp = _mm512_set1_epi32(int(pb[rr * pb_ld + jp]));
+      for (int u = 0; u < NV; ++u) a[rr][u] = _mm512_dpbf16_ps(a[rr][u], as_bh(pp), as_bh(v[u]));
+    }
+  }
+  for (int rr = 0; rr < RT; ++rr)
+    for (int u = 0; u < NV; ++u) _mm512_storeu_ps(acc + rr * acc_ld + u * 16, a[rr][u]);
+}
+
+inline void pv_tile_bf16(const float* p, int64_t p_ld, int64_t n, const uint32_t* vp,
+                         int64_t panel_pairs, int64_t dv_pad, float* acc, int64_t acc_ld) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  constexpr int64_t kMaxPairs = 256;  // key blocks hold at most 512 keys (key_block_size)
+  // The tile's probabilities rounded to bfloat16 pairs, zero past n.
+  alignas(64) uint32_t pb[RT * kMaxPairs];
+  const int64_t pairs = (n + 1) / 2;
+  for (int rr = 0; rr < RT; ++rr) {
+    const float* pr = p + rr * p_ld;
+    for (int64_t j = 0; j < n; j += 32) {
+      const int64_t left = n - j;
+      const __mmask16 m0 = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      const __mmask16 m1 = left >= 32   ? __mmask16(0xffff)
+                           : left <= 16 ? __mmask16(0)
+                                        : __mmask16((1u << (left - 16)) - 1);
+      const __m512 lo = _mm512_maskz_loadu_ps(m0, pr + j),
+                   hi = _mm512_maskz_loadu_ps(m1, pr + j + 16);
+      _mm512_storeu_si512(pb + rr * kMaxPairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+  int64_t c = 0;
+  for (; c + 2 * CT <= dv_pad; c += 2 * CT)
+    pv_tile_bf16_cols<4>(pb, kMaxPairs, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs,
+                         acc + c, acc_ld);
+  for (; c < dv_pad; c += CT)
+    pv_tile_bf16_cols<2>(pb, kMaxPairs, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs,
+                         acc + c, acc_ld);
+}
+
+#endif  // FASTATTN_DPBF16
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn
