@@ -3,12 +3,14 @@ has it, and the widening avx512 kernel) against fastattn float32, torch's bfloat
 OpenVINO's bfloat16 SDPA (INFERENCE_PRECISION_HINT=bf16), same process, same threads.
 
 Run: python bench/bf16_speed.py [--shapes 1x8x1024x64,1x8x1024x128] [--threads 2]
-     [--causal] [--repeats 15] [--rounds 5]
+     [--causal] [--repeats 15] [--rounds 5] [--clock wall|cpu]
 
 Each row is timed in ``rounds`` interleaved rounds of ``repeats`` calls; the median of the
 rounds' medians is printed with each row's ratio to fastattn float32 (a ratio above 1 is
 faster than float32) and fastattn bfloat16's ratio over torch and OpenVINO. Needs
-ml_dtypes; torch and openvino are used when installed.
+ml_dtypes; torch and openvino are used when installed. ``--clock cpu`` times the process's
+CPU time instead of wall time: on a machine other processes load, with ``--threads 1``, it
+leaves out the time spent waiting for a core (with more threads it counts spin-waits too).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import fastattn
 from fastattn.bench import _anchors
 
 
-def median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int, clock=time.perf_counter) -> float:
     fn()
     times = np.empty(repeats)
     for i in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times[i] = time.perf_counter() - t0
+        times[i] = clock() - t0
     return float(np.median(times))
 
 
@@ -93,17 +95,19 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = ap.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for text in args.shapes.split(","):
         shape = tuple(int(x) for x in text.split("x"))
         rows = rows_for(shape, args.threads, args.causal)
         got = {name: [] for name, _ in rows}
         for _ in range(args.rounds):
             for name, fn in rows:
-                got[name].append(median_seconds(fn, args.repeats))
+                got[name].append(median_seconds(fn, args.repeats, clock))
         med = {name: float(np.median(t)) for name, t in got.items()}
         base = med["fastattn float32"]
-        print(f"shape {text} causal={args.causal} threads={args.threads}")
+        print(f"shape {text} causal={args.causal} threads={args.threads} clock={args.clock}")
         for name, t in med.items():
             print(f"  {name:34s} {t * 1e3:9.2f} ms   x{base / t:5.2f} vs fastattn float32")
         ours = med.get("fastattn bf16 (vdpbf16ps)")
