@@ -133,10 +133,10 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       for (int64_t t = 0; t < tile_rows / RT; ++t) {
         if (se(g, width[t]) <= sa(g)) continue;
         if constexpr (kDot)
-          scores_tile_bf16(reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2),
-                           E, reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2),
-                           T(p.scale), sc.s + t * RT * kt_ld + sa(g), kt_ld, RT,
-                           se(g, width[t]) - sa(g));
+          scores_tile_bf16(
+              reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2), E,
+              reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2), T(p.scale),
+              sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
         else
           scores_tile(sc.q + (r0 + t * RT) * E, E, kt + (sa(g) / CT) * E * CT,
                       sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
@@ -458,11 +458,13 @@ struct SdpaEngine {
 // results bit-identical); thin and the key splits are fixed by the shape alone, since the
 // specialisations round differently. Fills *out for a call of `batch` entries with rows to
 // compute; returns whether it is thin.
-template <typename T>
+template <typename T, typename S = T>
 inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
   Plan& plan = *out;
   plan.heads = p.num_heads_q / p.num_heads_kv;
-  plan.block_k = key_block_size<T>(imax(p.dim_q, 1), p.l1_bytes);
+  // bfloat16 K^T panels (sdpa_bf16-inl.h) take half the bytes per key: twice the keys.
+  const bool dot = kDotBf16<S> && plan.heads * p.len_q >= kRowTile;
+  plan.block_k = key_block_size<T>(dot ? (p.dim_q + 1) / 2 : imax(p.dim_q, 1), p.l1_bytes);
   // About 256 rows per task, fewer when that leaves threads idle.
   plan.block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t heads = batch * p.num_heads_kv;
@@ -495,7 +497,7 @@ bool sdpa_forward(const SdpaParams& p) {
   const int64_t batch = batch_count(p);
   if (batch == 0 || p.num_heads_q == 0 || p.len_q == 0) return true;
   Plan plan;
-  const bool thin = sdpa_plan<T>(p, batch, &plan);
+  const bool thin = sdpa_plan<T, S>(p, batch, &plan);
   SdpaShared<T> sh;
   if (plan.key_splits > 1) {
     const int64_t count = plan.tasks * plan.key_splits * plan.max_rows * (p.dim_v + 2);
