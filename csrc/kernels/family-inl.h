@@ -22,6 +22,7 @@
 #include "api/params.h"
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
+#include "kernels/online_softmax-inl.h"
 #include "kernels/row_bias-inl.h"
 #include "simd/vec-inl.h"
 
@@ -277,7 +278,7 @@ struct OnlineSoftmax {
       }
       const T mx = reduce_max_nan<T>(vmax);
       const T m_old = m[r];
-      const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
+      const T m_new = softmax_new_max(mx, m_old);
       if (m_new == ninf) {  // everything so far masked
         for (int64_t j = 0; j < ncols; ++j) sr[j] = T(0);
         zeros[r] = n;
@@ -285,19 +286,13 @@ struct OnlineSoftmax {
       }
       V vsum = V{}, vzeros = V{};
       for (int64_t j = 0; j < ncols; j += L) {
-        const V e = exp_approx_vec<T>(vload(sr + j) - m_new);
+        const V e = softmax_exp_vec(vload(sr + j), m_new);
         vstore(sr + j, e);
         vsum += e;
         vzeros += e == T(0) ? V{} + T(1) : V{};
       }
       zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);  // padding is always 0
-      if (m_new != m_old) {                                     // e^-inf = 0 on first use
-        const T alpha = exp_approx(m_old - m_new);
-        T* a = acc + r * p.dim_v;
-        for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
-        l[r] *= alpha;
-      }
-      l[r] += reduce_add<T>(vsum);
+      softmax_rescale_add(m_old, m_new, reduce_add<T>(vsum), acc + r * p.dim_v, p.dim_v, &l[r]);
       m[r] = m_new;
     }
     accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
@@ -320,16 +315,8 @@ struct OnlineSoftmax {
       if (row.weights && nan_row) {
         T* w = row.weights;
         for (int64_t j = 0; j < p.len_k; ++j) w[j] = quiet_nan<T>();
-      } else if (row.weights && row.lo < row.hi) {
-        T* w = row.weights;
-        if (is_empty) {
-          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = T(0);
-        } else {
-          // e^(s - m) / l, not e^(s - lse): m + log(l) drops log(l) once |m| is large
-          // (float32 scores of 1e8), and the weights would no longer sum to 1.
-          const T inv_l = T(1) / l[r];
-          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
-        }
+      } else if (row.weights && row.lo < row.hi) {  // outside [lo, hi): the zeros of begin
+        finish_weights(row.weights + row.lo, row.hi - row.lo, m[r], l[r]);
       }
     }
   }
@@ -454,7 +441,7 @@ struct SelectTopK {
         T mx = rs[0];
         for (int64_t e = 1; e < size; ++e) mx = rs[e] > mx ? rs[e] : mx;
         for (int64_t e = 0; e < size; ++e) {
-          w[e] = exp_approx(rs[e] - mx);
+          w[e] = softmax_exp(rs[e], mx);
           sum += w[e];
         }
         bad = sum != sum;  // +inf scores: inf - inf

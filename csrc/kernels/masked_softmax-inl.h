@@ -1,10 +1,11 @@
 // Masked softmax over one axis (d2l's masked_softmax, generalised), compiled once per ISA
 // (in a TU CMake generates from kernels/ops.h). Memory-bound, so one read of x from memory per row:
-// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
-// it while the row is in L1, pass 3 scales the row by 1/sum in place. A row whose kept
-// entries are all -inf (or that keeps nothing) is all zeros; a NaN or +inf among the kept
-// entries makes the whole row NaN. Entries past the row's valid length are never read.
-// Rows are split across threads in fixed chunks; each row is one thread's, start to finish.
+// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept; the
+// exp of online_softmax-inl.h) and sums it while the row is in L1, pass 3 scales the row by 1/sum
+// in place. A row whose kept entries are all -inf (or that keeps nothing) is all zeros; a NaN or
+// +inf among the kept entries makes the whole row NaN. Entries past the row's valid length are
+// never read. Rows are split across threads in fixed chunks; each row is one thread's, start to
+// finish.
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 
 #include "api/params.h"
+#include "kernels/online_softmax-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -55,21 +57,21 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
   const V zero = V{};
   if (m) {
     for (int64_t j = 0; j < nv; j += L) {
-      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      const V e = softmax_exp_vec(vload(x + j), mx);
       const V w = vkeep<T>(m + j) ? e : zero;
       vstore(o + j, w);
       vsum += w;
     }
   } else {
     for (int64_t j = 0; j < nv; j += L) {
-      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      const V e = softmax_exp_vec(vload(x + j), mx);
       vstore(o + j, e);
       vsum += e;
     }
   }
   T sum = reduce_add<T>(vsum);
   for (int64_t j = nv; j < ne; ++j) {
-    const T e = (!m || m[j]) ? exp_approx(x[j] - mx) : T(0);
+    const T e = (!m || m[j]) ? softmax_exp(x[j], mx) : T(0);
     o[j] = e;
     sum += e;
   }
