@@ -662,9 +662,9 @@ def nadaraya_watson(
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
 
     _core.nadaraya_watson(
-        x_query=xq,
-        x_keys=xk,
-        y_values=y,
+        query=xq,
+        key=xk,
+        value=y,
         out=result,
         weights=weights,
         bandwidth=ra.bandwidth,

@@ -20,6 +20,7 @@ FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) 
   FamilyParams p;
   check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p);
   require(!c.alibi.present(), fn, "ALiBi slopes are an option of sdpa only");
+  require(!c.lse.present(), fn, "the family kernels write no lse");  // a shared binding argument
   return p;
 }
 
