@@ -119,6 +119,10 @@ void select_attention(const FamilyCall& c) {
 void nadaraya_watson(const FamilyCall& c) {
   const char* fn = "nadaraya_watson";
   FamilyParams p = family_params(c, fn, true);
+  // The shared binding arguments it has no use for (its compact kernels take no masks).
+  require(!c.bool_mask.present() && !c.float_mask.present() && !c.valid_lens.present() &&
+              !c.sinks.present() && !c.causal && c.window_left < 0 && c.window_right < 0,
+          fn, "takes no masks, valid_lens, sinks, causal or window");
   require(c.kernel >= 0 && c.kernel <= int(RegressionKernel::kEpanechnikov), fn,
           "kernel must be 0..3");
   p.kernel = RegressionKernel(c.kernel);

@@ -82,14 +82,33 @@ struct Task : TaskView<T> {
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
+// Whether some row of the task sees a key of [kb, kb + n) that its bool mask's summary
+// (mask_summary-inl.h) leaves visible; a row without chunk bits sees its whole range.
+template <typename T>
+inline bool block_seen(const RowRef<T>* rows, int64_t nrows, int64_t kb, int64_t n) {
+  for (int64_t r = 0; r < nrows; ++r) {
+    const RowRef<T>& row = rows[r];
+    const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
+    if (lo >= hi) continue;
+    if (!row.chunks) return true;
+    for (int64_t ch = lo / kChunk; ch <= (hi - 1) / kChunk; ++ch)
+      if (chunk_bit(row.chunks, ch)) return true;
+  }
+  return false;
+}
+
 // The driver's engine for a score source and a normaliser: score each key block, apply
 // the masks, hand the block to the normaliser. Not splittable over keys: the normalisers
-// (heaps, kernel sums) keep no state that merges.
+// (heaps, kernel sums) keep no state that merges. Reads the bool mask's summary: rows are
+// narrowed to the keys it leaves visible and a block no row sees is skipped whole. Exact
+// for the normalisers that take masks (softmax, top-k): a hidden key scores -inf, whose
+// probability is exactly 0 and which no heap keeps, so skipping it changes nothing else.
 template <typename T, typename Scores, typename Norm>
 struct FamilyEngine {
   using Params = FamilyParams;
   using Shared = typename Scores::Shared;
   static constexpr bool kSplitKeys = false;
+  static constexpr bool kSkipMasked = true;  // reads row.chunks
   const FamilyParams& p;
   const Plan& plan;
   Scores sc;
@@ -120,6 +139,16 @@ struct FamilyEngine {
 
   void block(const TaskView<T>&, int64_t kb, int64_t n) {
     const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
+    if (!block_seen(t.rows, t.nrows, kb, n)) {
+      // Hidden from every row: the weights in the rows' ranges keep the masked score -inf.
+      for (int64_t r = 0; r < t.nrows; ++r) {
+        const RowRef<T>& row = t.rows[r];
+        if (row.weights)
+          for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
+            row.weights[j] = neg_inf<T>();
+      }
+      return;
+    }
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
@@ -129,7 +158,11 @@ struct FamilyEngine {
       t.jhi[r] = jhi;
       t.active[r] = jlo < jhi;
       if (jlo >= jhi) continue;
-      mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
+      if (row.chunks) {  // hidden chunks -inf unread, whole visible chunks without the mask
+        mask_row_chunked(p, row, kb, jlo, jhi, 0, ncols, sr);
+      } else {
+        mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
+      }
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
