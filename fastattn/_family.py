@@ -17,6 +17,7 @@ import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
+from fastattn._dtypes import is_16bit_float
 from fastattn._prepare import (
     attention_buffers,
     attention_masks,
@@ -113,7 +114,9 @@ def masked_softmax(
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
     threads = _threads.resolve(num_threads)
 
-    dtype, ax = args.compute_dtype, args.axis
+    # float16/bfloat16 go to the kernel as they are (it widens them row by row).
+    dtype = args.x.dtype if is_16bit_float(args.x.dtype) else args.compute_dtype
+    ax = args.axis
     xk = item_aligned(args.x, dtype)
     keep, lens = softmax_masks(args)
     result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)

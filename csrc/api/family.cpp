@@ -40,10 +40,16 @@ void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
 
 void masked_softmax(const MaskedSoftmaxCall& c) {
   const char* fn = "masked_softmax";
-  require(c.x.kind == 'f' && (c.x.itemsize == 4 || c.x.itemsize == 8), fn,
-          "x must be float32 or float64");
-  require_float(c.x, c.x.itemsize, fn, "x");
-  require_float(c.out, c.x.itemsize, fn, "out");
+  // float16/bfloat16 x is read as it is (widened in the kernel) and out written in its type.
+  const Storage storage = storage_of(c.x);
+  if (storage == Storage::kCompute) {
+    require(c.x.kind == 'f' && (c.x.itemsize == 4 || c.x.itemsize == 8), fn,
+            "x must be float32 or float64");
+    require_float(c.x, c.x.itemsize, fn, "x");
+    require_float(c.out, c.x.itemsize, fn, "out");
+  } else {
+    require(storage_of(c.out) == storage, fn, "out must have x's dtype");
+  }
   require(c.out.writeable, fn, "out must be writeable");
   const int64_t nd = c.x.ndim();
   require(nd >= 1 && nd - 1 <= kMaxRowDims, fn, "x must have 1 to 64 dimensions");
@@ -75,8 +81,9 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   }
   require(c.num_threads >= 1, fn, "num_threads must be >= 1");
   p.num_threads = c.num_threads;
+  p.storage = storage;
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.x.itemsize == 4 ? kernels.masked_softmax_f32(p) : kernels.masked_softmax_f64(p);
+  const bool ok = c.x.itemsize == 8 ? kernels.masked_softmax_f64(p) : kernels.masked_softmax_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
