@@ -6,8 +6,6 @@ any layout of x and out -- and no float32 copy of x is made."""
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +13,7 @@ from hypothesis import strategies as st
 
 import fastattn
 
-from helpers.lowp_checks import bf16, poisoned
+from helpers.lowp_checks import bf16, peak_traced_bytes, poisoned
 
 pytest.importorskip("ml_dtypes")
 
@@ -71,10 +69,5 @@ def test_no_float32_copy(name):
     lens = np.random.default_rng(3).integers(0, 1025, (64, 8))
     fastattn.masked_softmax(x)  # warm up (thread pool, first-call allocations)
     for call in (lambda: fastattn.masked_softmax(x), lambda: fastattn.masked_softmax(x, lens)):
-        tracemalloc.start()
-        try:
-            call()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = peak_traced_bytes(call)
         assert peak < x.size * 4, peak
