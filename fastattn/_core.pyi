@@ -1,6 +1,7 @@
 """Type stubs of the compiled module (private: use the fastattn package)."""
 
 from collections.abc import Sequence
+from typing import Required, TypedDict, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,44 +21,59 @@ def omp_max_threads() -> int: ...
 def thread_environment() -> tuple[str | None, str | None]: ...
 def fma_peak(dtype: str = "float32", num_threads: int = 1, seconds: float = 0.2) -> float: ...
 def read_bandwidth(nbytes: int = 1 << 30, num_threads: int = 1, repeats: int = 3) -> float: ...
-def sdpa(
-    query: NDArray[np.floating],
-    key: NDArray[np.floating],
-    value: NDArray[np.floating],
-    out: NDArray[np.floating],
-    bool_mask: NDArray[np.bool_] | None,
-    float_mask: NDArray[np.floating] | None,
-    valid_lens: NDArray[np.int64] | None,
-    lse: NDArray[np.floating] | None,
-    weights: NDArray[np.floating] | None,
-    scale: float,
-    softcap: float,
-    causal: bool,
-    diag_offset: int,
-    window_left: int,
-    window_right: int,
-    num_threads: int,
-    key_scale: NDArray[np.float32] | None = None,
-    value_scale: NDArray[np.float32] | None = None,
-) -> None: ...
-def sdpa_varlen(
-    query: NDArray[np.floating],
-    key: NDArray[np.floating],
-    value: NDArray[np.floating],
-    out: NDArray[np.floating],
-    cu_seqlens_q: NDArray[np.int64],
-    cu_seqlens_k: NDArray[np.int64],
-    lse: NDArray[np.floating] | None,
-    scale: float,
-    softcap: float,
-    causal: bool,
-    bottom_right: bool,
-    window_left: int,
-    window_right: int,
-    num_threads: int,
-    sinks: NDArray[np.floating] | None = None,
-    alibi_slopes: NDArray[np.floating] | None = None,
-) -> None: ...
+
+class _AttentionArgs(TypedDict, total=False):
+    """The keyword arguments every attention binding shares (csrc/bindings/attention_args.h);
+    the optional arrays default to None, the options to no mask and no window."""
+
+    query: Required[NDArray[np.floating]]
+    key: Required[NDArray[np.floating]]
+    value: Required[NDArray[np.floating]]
+    out: Required[NDArray[np.floating]]
+    bool_mask: NDArray[np.bool_] | None
+    float_mask: NDArray[np.floating] | None
+    valid_lens: NDArray[np.int64] | None
+    lse: NDArray[np.floating] | None
+    weights: NDArray[np.floating] | None
+    sinks: NDArray[np.floating] | None
+    alibi_slopes: NDArray[np.floating] | None
+    scale: float
+    causal: bool
+    diag_offset: int
+    window_left: int
+    window_right: int
+    num_threads: Required[int]
+
+class _SdpaArgs(_AttentionArgs, total=False):
+    softcap: float
+    key_scale: NDArray[np.float32] | None
+    value_scale: NDArray[np.float32] | None
+
+class _VarlenArgs(_AttentionArgs, total=False):
+    cu_seqlens_q: Required[NDArray[np.int64]]
+    cu_seqlens_k: Required[NDArray[np.int64]]
+    lse_tokens: NDArray[np.floating] | None
+    softcap: float
+    bottom_right: bool
+
+class _AdditiveArgs(_AttentionArgs, total=False):
+    w_q: Required[NDArray[np.floating]]
+    w_k: Required[NDArray[np.floating]]
+    w_v: Required[NDArray[np.floating]]
+    normalizer: Required[int]
+    top_k: Required[int]
+    hardmax: Required[bool]
+
+class _SelectArgs(_AttentionArgs, total=False):
+    top_k: Required[int]
+    hardmax: Required[bool]
+
+class _RegressionArgs(_AttentionArgs, total=False):
+    bandwidth: Required[NDArray[np.float64]]
+    kernel: Required[int]
+
+def sdpa(**kwargs: Unpack[_SdpaArgs]) -> None: ...
+def sdpa_varlen(**kwargs: Unpack[_VarlenArgs]) -> None: ...
 def merge_states(
     outputs: Sequence[NDArray[np.floating]],
     lses: Sequence[NDArray[np.floating]],
@@ -94,55 +110,9 @@ def masked_softmax(
     valid_lens: NDArray[np.int64] | None,
     num_threads: int,
 ) -> None: ...
-def additive(
-    query: NDArray[np.floating],
-    key: NDArray[np.floating],
-    value: NDArray[np.floating],
-    out: NDArray[np.floating],
-    bool_mask: NDArray[np.bool_] | None,
-    float_mask: NDArray[np.floating] | None,
-    valid_lens: NDArray[np.int64] | None,
-    weights: NDArray[np.floating] | None,
-    w_q: NDArray[np.floating],
-    w_k: NDArray[np.floating],
-    w_v: NDArray[np.floating],
-    causal: bool,
-    diag_offset: int,
-    window_left: int,
-    window_right: int,
-    normalizer: int,
-    top_k: int,
-    hardmax: bool,
-    num_threads: int,
-) -> None: ...
-def select(
-    query: NDArray[np.floating],
-    key: NDArray[np.floating],
-    value: NDArray[np.floating],
-    out: NDArray[np.floating],
-    bool_mask: NDArray[np.bool_] | None,
-    float_mask: NDArray[np.floating] | None,
-    valid_lens: NDArray[np.int64] | None,
-    weights: NDArray[np.floating] | None,
-    scale: float,
-    causal: bool,
-    diag_offset: int,
-    window_left: int,
-    window_right: int,
-    top_k: int,
-    hardmax: bool,
-    num_threads: int,
-) -> None: ...
-def nadaraya_watson(
-    x_query: NDArray[np.floating],
-    x_keys: NDArray[np.floating],
-    y_values: NDArray[np.floating],
-    out: NDArray[np.floating],
-    weights: NDArray[np.floating] | None,
-    bandwidth: NDArray[np.float64],
-    kernel: int,
-    num_threads: int,
-) -> None: ...
+def additive(**kwargs: Unpack[_AdditiveArgs]) -> None: ...
+def select(**kwargs: Unpack[_SelectArgs]) -> None: ...
+def nadaraya_watson(**kwargs: Unpack[_RegressionArgs]) -> None: ...
 def project(
     x: NDArray[np.floating],
     w: NDArray[np.floating],

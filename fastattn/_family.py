@@ -17,6 +17,7 @@ import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
+from fastattn._dtypes import is_16bit_float
 from fastattn._prepare import (
     attention_buffers,
     attention_masks,
@@ -29,6 +30,7 @@ from fastattn._prepare import (
     kernel_ready,
     pack,
     result_buffer,
+    shared_options,
     softmax_masks,
     to_batch,
     weights_dtype,
@@ -112,7 +114,9 @@ def masked_softmax(
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
     threads = _threads.resolve(num_threads)
 
-    dtype, ax = args.compute_dtype, args.axis
+    # float16/bfloat16 go to the kernel as they are (it widens them row by row).
+    dtype = args.x.dtype if is_16bit_float(args.x.dtype) else args.compute_dtype
+    ax = args.axis
     xk = item_aligned(args.x, dtype)
     keep, lens = softmax_masks(args)
     result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
@@ -150,33 +154,23 @@ def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     k = to_batch(kernel_ready(args.key, dtype), batch)
     v = to_batch(kernel_ready(args.value, dtype), batch)
     wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
-    bool_mask, float_mask, lens = attention_masks(args)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
-    sink_view, _ = head_values(args)
 
-    left, right = args.window
     _core.additive(
         query=q,
         key=k,
         value=v,
         out=result,
-        bool_mask=bool_mask,
-        float_mask=float_mask,
-        valid_lens=lens,
         weights=weights,
+        sinks=head_values(args)[0],
         w_q=wq,
         w_k=wk,
         w_v=wv,
-        causal=args.is_causal,
-        diag_offset=args.diag_offset,
-        window_left=left,
-        window_right=right,
         normalizer=normalizer,
         top_k=k_keep,
         hardmax=hardmax,
-        num_threads=threads,
-        sinks=sink_view,
+        **shared_options(args, threads),
     )
 
     return attention_result(args, out, result, in_place, None, weights)
@@ -524,26 +518,17 @@ def attention(
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
 
-    left, right = args.window
+    shared = shared_options(args, threads, (bool_mask, float_mask, lens))
     if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
         _core.sdpa(
             query=q,
             key=k,
             value=v,
             out=result,
-            bool_mask=bool_mask,
-            float_mask=float_mask,
-            valid_lens=lens,
-            lse=None,
             weights=weights,
-            scale=spec.scale,
-            softcap=0.0,
-            causal=args.is_causal,
-            diag_offset=args.diag_offset,
-            window_left=left,
-            window_right=right,
-            num_threads=threads,
             sinks=head_values(args)[0],
+            scale=spec.scale,
+            **shared,
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
         _core.select(
@@ -551,18 +536,11 @@ def attention(
             key=k,
             value=v,
             out=result,
-            bool_mask=bool_mask,
-            float_mask=float_mask,
-            valid_lens=lens,
             weights=weights,
             scale=spec.scale,
-            causal=args.is_causal,
-            diag_offset=args.diag_offset,
-            window_left=left,
-            window_right=right,
             top_k=k_keep,
             hardmax=hardmax,
-            num_threads=threads,
+            **shared,
         )
 
     return attention_result(args, out, result, in_place, None, weights)
@@ -662,9 +640,9 @@ def nadaraya_watson(
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
 
     _core.nadaraya_watson(
-        x_query=xq,
-        x_keys=xk,
-        y_values=y,
+        query=xq,
+        key=xk,
+        value=y,
         out=result,
         weights=weights,
         bandwidth=ra.bandwidth,

@@ -101,6 +101,24 @@ def attention_masks(args: SdpaArgs):
     return bool_mask, float_mask, lens
 
 
+def shared_options(args: SdpaArgs, threads: int, masks: tuple | None = None) -> dict:
+    """The keyword arguments every attention binding shares besides its arrays (see
+    csrc/bindings/attention_args.h): the masks as the kernels read them (``masks``, else
+    ``attention_masks(args)``), causal, diagonal, window and thread count."""
+    bool_mask, float_mask, lens = attention_masks(args) if masks is None else masks
+    left, right = args.window
+    return {
+        "bool_mask": bool_mask,
+        "float_mask": float_mask,
+        "valid_lens": lens,
+        "causal": args.is_causal,
+        "diag_offset": args.diag_offset,
+        "window_left": left,
+        "window_right": right,
+        "num_threads": threads,
+    }
+
+
 def head_values(args: SdpaArgs):
     """(sinks, ALiBi slopes) of a checked attention call as the kernels read them: the
     compute dtype, broadcast to ``batch + (Hq,)`` (zero-copy views), None where not given."""

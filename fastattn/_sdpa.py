@@ -13,7 +13,6 @@ import numpy as np
 from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._prepare import (
     attention_buffers,
-    attention_masks,
     attention_result,
     finish,
     head_values,
@@ -21,6 +20,7 @@ from fastattn._prepare import (
     kernel_ready,
     result_buffer,
     sdpa_storage_dtype,
+    shared_options,
     to_batch,
 )
 from fastattn._validation import check_flag, check_out, merge_states_args, sdpa_args
@@ -260,30 +260,21 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
     if args.int8_kv:  # float32, unit stride along the keys
         for name in ("key_scale", "value_scale"):
             scales[name] = to_batch(kernel_ready(getattr(args, name), dtype), batch, 2)
-    bool_mask, float_mask, lens = attention_masks(args)
     sink_view, alibi_view = head_values(args)
     result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights, dtype)
 
-    left, right = args.window
     _core.sdpa(
         query=q,
         key=k,
         value=v,
         out=result,
-        bool_mask=bool_mask,
-        float_mask=float_mask,
-        valid_lens=lens,
         lse=lse,
         weights=weights,
-        scale=args.scale,
-        softcap=args.softcap or 0.0,
-        causal=args.is_causal,
-        diag_offset=args.diag_offset,
-        window_left=left,
-        window_right=right,
-        num_threads=threads,
         sinks=sink_view,
         alibi_slopes=alibi_view,
+        scale=args.scale,
+        softcap=args.softcap or 0.0,
+        **shared_options(args, threads),
         **scales,
     )
 

@@ -143,7 +143,7 @@ def varlen_attention(
         out=result.transpose(1, 0, 2),
         cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
         cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
-        lse=lse,
+        lse_tokens=lse,
         scale=args.scale,
         softcap=args.softcap or 0.0,
         causal=args.is_causal,

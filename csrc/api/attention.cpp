@@ -52,14 +52,6 @@ StridedView view_of(const ArrayRef& a, const char* fn, const char* name, int64_t
   return v;
 }
 
-// The 16-bit storage type of an array, kCompute for any other.
-Storage storage_of(const ArrayRef& a) {
-  if (a.itemsize != 2) return Storage::kCompute;
-  if (a.kind == 'f') return Storage::kF16;
-  if (a.kind == 'V' && a.code == 'E') return Storage::kBF16;
-  return Storage::kCompute;
-}
-
 }  // namespace
 
 void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* out,
@@ -179,6 +171,13 @@ void check_attention(const AttnCall& c, const char* fn, const char* dims_differ,
   p.window_left = c.window_left;
   p.window_right = c.window_right;
   p.num_threads = c.num_threads;
+}
+
+Storage storage_of(const ArrayRef& a) {
+  if (a.itemsize != 2) return Storage::kCompute;
+  if (a.kind == 'f') return Storage::kF16;
+  if (a.kind == 'V' && a.code == 'E') return Storage::kBF16;
+  return Storage::kCompute;
 }
 
 }  // namespace fastattn

@@ -33,6 +33,9 @@ struct AttnCall {
 void check_attention(const AttnCall& c, const char* fn, const char* dims_differ, AttnParams* p,
                      bool storage_ok = false);
 
+// The 16-bit storage type of an array (float16, ml_dtypes' bfloat16), kCompute for any other.
+Storage storage_of(const ArrayRef& a);
+
 // Throws std::invalid_argument("fastattn._core." + fn + ": " + what + more) unless ok; the
 // message is built only on failure (these checks run on every call).
 [[noreturn]] void fail(const char* fn, const char* what, const char* more);

@@ -20,6 +20,7 @@ FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) 
   FamilyParams p;
   check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p);
   require(!c.alibi.present(), fn, "ALiBi slopes are an option of sdpa only");
+  require(!c.lse.present(), fn, "the family kernels write no lse");  // a shared binding argument
   return p;
 }
 
@@ -39,10 +40,16 @@ void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
 
 void masked_softmax(const MaskedSoftmaxCall& c) {
   const char* fn = "masked_softmax";
-  require(c.x.kind == 'f' && (c.x.itemsize == 4 || c.x.itemsize == 8), fn,
-          "x must be float32 or float64");
-  require_float(c.x, c.x.itemsize, fn, "x");
-  require_float(c.out, c.x.itemsize, fn, "out");
+  // float16/bfloat16 x is read as it is (widened in the kernel) and out written in its type.
+  const Storage storage = storage_of(c.x);
+  if (storage == Storage::kCompute) {
+    require(c.x.kind == 'f' && (c.x.itemsize == 4 || c.x.itemsize == 8), fn,
+            "x must be float32 or float64");
+    require_float(c.x, c.x.itemsize, fn, "x");
+    require_float(c.out, c.x.itemsize, fn, "out");
+  } else {
+    require(storage_of(c.out) == storage, fn, "out must have x's dtype");
+  }
   require(c.out.writeable, fn, "out must be writeable");
   const int64_t nd = c.x.ndim();
   require(nd >= 1 && nd - 1 <= kMaxRowDims, fn, "x must have 1 to 64 dimensions");
@@ -74,8 +81,9 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   }
   require(c.num_threads >= 1, fn, "num_threads must be >= 1");
   p.num_threads = c.num_threads;
+  p.storage = storage;
   const KernelTable& kernels = active_kernels();
-  const bool ok = c.x.itemsize == 4 ? kernels.masked_softmax_f32(p) : kernels.masked_softmax_f64(p);
+  const bool ok = c.x.itemsize == 8 ? kernels.masked_softmax_f64(p) : kernels.masked_softmax_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -118,6 +126,10 @@ void select_attention(const FamilyCall& c) {
 void nadaraya_watson(const FamilyCall& c) {
   const char* fn = "nadaraya_watson";
   FamilyParams p = family_params(c, fn, true);
+  // The shared binding arguments it has no use for (its compact kernels take no masks).
+  require(!c.bool_mask.present() && !c.float_mask.present() && !c.valid_lens.present() &&
+              !c.sinks.present() && !c.causal && c.window_left < 0 && c.window_right < 0,
+          fn, "takes no masks, valid_lens, sinks, causal or window");
   require(c.kernel >= 0 && c.kernel <= int(RegressionKernel::kEpanechnikov), fn,
           "kernel must be 0..3");
   p.kernel = RegressionKernel(c.kernel);

@@ -93,10 +93,11 @@ struct MaskedSoftmaxParams {
   int64_t row_ndim = 0;
   int64_t row_shape[kMaxRowDims] = {};
   int64_t len = 0;      // entries per row
-  RowsView x, out;      // compute dtype; out is written
+  RowsView x, out;      // stored as `storage` (out is written)
   RowsView mask;        // uint8 (NumPy bool), 1 = keep; data null if absent
   RowsView valid_lens;  // int64 per row (col_stride unused); data null if absent
   int num_threads = 1;
+  Storage storage = Storage::kCompute;  // x/out as a 16-bit float, computed in float32
 };
 
 // How a block of scores becomes weights.

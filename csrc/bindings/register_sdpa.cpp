@@ -11,6 +11,7 @@
 #include "api/merge_states.h"
 #include "api/sdpa.h"
 #include "bindings/array_ref.h"
+#include "bindings/attention_args.h"
 
 namespace py = pybind11;
 
@@ -280,47 +281,20 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
 }  // namespace
 
 void register_sdpa(py::module_& m) {
-  m.def(
-      "sdpa",
-      [](const py::object& query, const py::object& key, const py::object& value,
-         const py::object& out, const py::object& bool_mask, const py::object& float_mask,
-         const py::object& valid_lens, const py::object& lse, const py::object& weights,
-         double scale, double softcap, bool causal, int64_t diag_offset, int64_t window_left,
-         int64_t window_right, int num_threads, const py::object& sinks,
-         const py::object& alibi_slopes, const py::object& key_scale,
+  // The shared keyword arguments (query ... num_threads) are attention_args.h's.
+  def_attention(
+      m, "sdpa",
+      [](SdpaCall& call, double softcap, const py::object& key_scale,
          const py::object& value_scale) {
-        SdpaCall call;
-        call.query = array_ref(query, "query");
-        call.key = array_ref(key, "key");
-        call.value = array_ref(value, "value");
-        call.out = array_ref(out, "out");
-        call.bool_mask = array_ref(bool_mask, "bool_mask");
-        call.float_mask = array_ref(float_mask, "float_mask");
-        call.valid_lens = array_ref(valid_lens, "valid_lens");
-        call.lse = array_ref(lse, "lse");
-        call.weights = array_ref(weights, "weights");
-        call.sinks = array_ref(sinks, "sinks");
-        call.alibi = array_ref(alibi_slopes, "alibi_slopes");
-        call.scale = scale;
         call.softcap = softcap;
-        call.causal = causal;
-        call.diag_offset = diag_offset;
-        call.window_left = window_left;
-        call.window_right = window_right;
-        call.num_threads = num_threads;
         call.key_scale = array_ref(key_scale, "key_scale");
         call.value_scale = array_ref(value_scale, "value_scale");
-        // The arrays stay referenced by the caller's frame while the GIL is released.
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);
       },
-      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("bool_mask"),
-      py::arg("float_mask"), py::arg("valid_lens"), py::arg("lse"), py::arg("weights"),
-      py::arg("scale"), py::arg("softcap"), py::arg("causal"), py::arg("diag_offset"),
-      py::arg("window_left"), py::arg("window_right"), py::arg("num_threads"),
-      py::arg("sinks") = py::none(), py::arg("alibi_slopes") = py::none(),
-      py::arg("key_scale") = py::none(), py::arg("value_scale") = py::none(),
-      "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).");
+      "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).",
+      py::arg("softcap") = 0.0, py::arg("key_scale") = py::none(),
+      py::arg("value_scale") = py::none());
 
   m.def(
       "merge_states",

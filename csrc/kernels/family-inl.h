@@ -22,6 +22,7 @@
 #include "api/params.h"
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
+#include "kernels/online_softmax-inl.h"
 #include "kernels/row_bias-inl.h"
 #include "simd/vec-inl.h"
 
@@ -81,14 +82,33 @@ struct Task : TaskView<T> {
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
 };
 
+// Whether some row of the task sees a key of [kb, kb + n) that its bool mask's summary
+// (mask_summary-inl.h) leaves visible; a row without chunk bits sees its whole range.
+template <typename T>
+inline bool block_seen(const RowRef<T>* rows, int64_t nrows, int64_t kb, int64_t n) {
+  for (int64_t r = 0; r < nrows; ++r) {
+    const RowRef<T>& row = rows[r];
+    const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
+    if (lo >= hi) continue;
+    if (!row.chunks) return true;
+    for (int64_t ch = lo / kChunk; ch <= (hi - 1) / kChunk; ++ch)
+      if (chunk_bit(row.chunks, ch)) return true;
+  }
+  return false;
+}
+
 // The driver's engine for a score source and a normaliser: score each key block, apply
 // the masks, hand the block to the normaliser. Not splittable over keys: the normalisers
-// (heaps, kernel sums) keep no state that merges.
+// (heaps, kernel sums) keep no state that merges. Reads the bool mask's summary: rows are
+// narrowed to the keys it leaves visible and a block no row sees is skipped whole. Exact
+// for the normalisers that take masks (softmax, top-k): a hidden key scores -inf, whose
+// probability is exactly 0 and which no heap keeps, so skipping it changes nothing else.
 template <typename T, typename Scores, typename Norm>
 struct FamilyEngine {
   using Params = FamilyParams;
   using Shared = typename Scores::Shared;
   static constexpr bool kSplitKeys = false;
+  static constexpr bool kSkipMasked = true;  // reads row.chunks
   const FamilyParams& p;
   const Plan& plan;
   Scores sc;
@@ -119,6 +139,16 @@ struct FamilyEngine {
 
   void block(const TaskView<T>&, int64_t kb, int64_t n) {
     const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
+    if (!block_seen(t.rows, t.nrows, kb, n)) {
+      // Hidden from every row: the weights in the rows' ranges keep the masked score -inf.
+      for (int64_t r = 0; r < t.nrows; ++r) {
+        const RowRef<T>& row = t.rows[r];
+        if (row.weights)
+          for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
+            row.weights[j] = neg_inf<T>();
+      }
+      return;
+    }
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
@@ -128,7 +158,11 @@ struct FamilyEngine {
       t.jhi[r] = jhi;
       t.active[r] = jlo < jhi;
       if (jlo >= jhi) continue;
-      mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
+      if (row.chunks) {  // hidden chunks -inf unread, whole visible chunks without the mask
+        mask_row_chunked(p, row, kb, jlo, jhi, 0, ncols, sr);
+      } else {
+        mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, ncols, sr);
+      }
     }
     nm.block(t, kb, n, ncols, s, ld);
   }
@@ -277,7 +311,7 @@ struct OnlineSoftmax {
       }
       const T mx = reduce_max_nan<T>(vmax);
       const T m_old = m[r];
-      const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
+      const T m_new = softmax_new_max(mx, m_old);
       if (m_new == ninf) {  // everything so far masked
         for (int64_t j = 0; j < ncols; ++j) sr[j] = T(0);
         zeros[r] = n;
@@ -285,19 +319,13 @@ struct OnlineSoftmax {
       }
       V vsum = V{}, vzeros = V{};
       for (int64_t j = 0; j < ncols; j += L) {
-        const V e = exp_approx_vec<T>(vload(sr + j) - m_new);
+        const V e = softmax_exp_vec(vload(sr + j), m_new);
         vstore(sr + j, e);
         vsum += e;
         vzeros += e == T(0) ? V{} + T(1) : V{};
       }
       zeros[r] = int64_t(reduce_add<T>(vzeros)) - (ncols - n);  // padding is always 0
-      if (m_new != m_old) {                                     // e^-inf = 0 on first use
-        const T alpha = exp_approx(m_old - m_new);
-        T* a = acc + r * p.dim_v;
-        for (int64_t c = 0; c < p.dim_v; ++c) a[c] *= alpha;
-        l[r] *= alpha;
-      }
-      l[r] += reduce_add<T>(vsum);
+      softmax_rescale_add(m_old, m_new, reduce_add<T>(vsum), acc + r * p.dim_v, p.dim_v, &l[r]);
       m[r] = m_new;
     }
     accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
@@ -320,16 +348,8 @@ struct OnlineSoftmax {
       if (row.weights && nan_row) {
         T* w = row.weights;
         for (int64_t j = 0; j < p.len_k; ++j) w[j] = quiet_nan<T>();
-      } else if (row.weights && row.lo < row.hi) {
-        T* w = row.weights;
-        if (is_empty) {
-          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = T(0);
-        } else {
-          // e^(s - m) / l, not e^(s - lse): m + log(l) drops log(l) once |m| is large
-          // (float32 scores of 1e8), and the weights would no longer sum to 1.
-          const T inv_l = T(1) / l[r];
-          for (int64_t j = row.lo; j < row.hi; ++j) w[j] = exp_approx(w[j] - m[r]) * inv_l;
-        }
+      } else if (row.weights && row.lo < row.hi) {  // outside [lo, hi): the zeros of begin
+        finish_weights(row.weights + row.lo, row.hi - row.lo, m[r], l[r]);
       }
     }
   }
@@ -454,7 +474,7 @@ struct SelectTopK {
         T mx = rs[0];
         for (int64_t e = 1; e < size; ++e) mx = rs[e] > mx ? rs[e] : mx;
         for (int64_t e = 0; e < size; ++e) {
-          w[e] = exp_approx(rs[e] - mx);
+          w[e] = softmax_exp(rs[e], mx);
           sum += w[e];
         }
         bad = sum != sum;  // +inf scores: inf - inf

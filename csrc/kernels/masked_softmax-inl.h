@@ -1,18 +1,23 @@
 // Masked softmax over one axis (d2l's masked_softmax, generalised), compiled once per ISA
 // (in a TU CMake generates from kernels/ops.h). Memory-bound, so one read of x from memory per row:
-// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept) and sums
-// it while the row is in L1, pass 3 scales the row by 1/sum in place. A row whose kept
-// entries are all -inf (or that keeps nothing) is all zeros; a NaN or +inf among the kept
-// entries makes the whole row NaN. Entries past the row's valid length are never read.
-// Rows are split across threads in fixed chunks; each row is one thread's, start to finish.
+// pass 1 takes the max of the kept entries, pass 2 writes e^(x - max) (0 where not kept; the
+// exp of online_softmax-inl.h) and sums it while the row is in L1, pass 3 scales the row by 1/sum
+// in place. A row whose kept entries are all -inf (or that keeps nothing) is all zeros; a NaN or
+// +inf among the kept entries makes the whole row NaN. Entries past the row's valid length are
+// never read. Rows are split across threads in fixed chunks; each row is one thread's, start to
+// finish. x/out stored as a 16-bit float S are widened row by row into the (float32)
+// scratch and the row rounded to S as it is written: never a whole-array copy.
 #pragma once  // per translation unit
 
 #include <omp.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "api/params.h"
+#include "kernels/online_softmax-inl.h"
+#include "simd/convert-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -55,21 +60,21 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
   const V zero = V{};
   if (m) {
     for (int64_t j = 0; j < nv; j += L) {
-      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      const V e = softmax_exp_vec(vload(x + j), mx);
       const V w = vkeep<T>(m + j) ? e : zero;
       vstore(o + j, w);
       vsum += w;
     }
   } else {
     for (int64_t j = 0; j < nv; j += L) {
-      const V e = exp_approx_vec<T>(vload(x + j) - mx);
+      const V e = softmax_exp_vec(vload(x + j), mx);
       vstore(o + j, e);
       vsum += e;
     }
   }
   T sum = reduce_add<T>(vsum);
   for (int64_t j = nv; j < ne; ++j) {
-    const T e = (!m || m[j]) ? exp_approx(x[j] - mx) : T(0);
+    const T e = (!m || m[j]) ? softmax_exp(x[j], mx) : T(0);
     o[j] = e;
     sum += e;
   }
@@ -80,7 +85,7 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
   for (int64_t j = ne; j < n; ++j) o[j] = T(0) * inv;
 }
 
-template <typename T>
+template <typename T, typename S = T>
 bool masked_softmax(const MaskedSoftmaxParams& p) {
   const int64_t n = p.len, nd = p.row_ndim;
   int64_t rows = 1;
@@ -90,7 +95,9 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
   const int64_t chunk = imax(1, (int64_t(1) << 14) / n);
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int threads = int(imax(1, imin(p.num_threads, chunks)));
-  const bool x_unit = p.x.col_stride == 1, o_unit = p.out.col_stride == 1;
+  // Rows read and written in place when stored as T with unit stride, else via scratch.
+  constexpr bool kSame = std::is_same_v<S, T>;
+  const bool x_unit = kSame && p.x.col_stride == 1, o_unit = kSame && p.out.col_stride == 1;
   const bool m_unit = !p.mask.data || p.mask.col_stride == 1 || p.mask.col_stride == 0;
   bool failed = false;
 #pragma omp parallel num_threads(threads)
@@ -140,15 +147,16 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
             m = mbuf;
           }
         }
-        const T* xr = static_cast<const T*>(p.x.data) + xo;
+        const S* xs = static_cast<const S*>(p.x.data) + xo;
+        const T* xr = reinterpret_cast<const T*>(xs);  // used as is only when x_unit
         if (!x_unit) {
-          for (int64_t j = 0; j < ne; ++j) xbuf[j] = xr[j * p.x.col_stride];
+          for (int64_t j = 0; j < ne; ++j) xbuf[j] = widen<T>(xs[j * p.x.col_stride]);
           xr = xbuf;
         }
-        T* outr = static_cast<T*>(const_cast<void*>(p.out.data)) + oo;
-        softmax_row<T>(xr, m, n, ne, o_unit ? outr : obuf);
+        S* outr = static_cast<S*>(const_cast<void*>(p.out.data)) + oo;
+        softmax_row<T>(xr, m, n, ne, o_unit ? reinterpret_cast<T*>(outr) : obuf);
         if (!o_unit)
-          for (int64_t j = 0; j < n; ++j) outr[j * p.out.col_stride] = obuf[j];
+          for (int64_t j = 0; j < n; ++j) outr[j * p.out.col_stride] = narrow<S>(obuf[j]);
         // Next row: odometer over the row axes.
         for (int64_t d = nd - 1; d >= 0; --d) {
           xo += p.x.row_stride[d];
@@ -174,7 +182,14 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
 }  // namespace softmax
 
 bool masked_softmax_f32(const MaskedSoftmaxParams& params) {
-  return softmax::masked_softmax<float>(params);
+  switch (params.storage) {
+    case Storage::kF16:
+      return softmax::masked_softmax<float, Half>(params);
+    case Storage::kBF16:
+      return softmax::masked_softmax<float, BFloat16>(params);
+    default:
+      return softmax::masked_softmax<float>(params);
+  }
 }
 bool masked_softmax_f64(const MaskedSoftmaxParams& params) {
   return softmax::masked_softmax<double>(params);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/online_softmax-inl.h"
 #include "simd/math-inl.h"
 #include "simd/vec-inl.h"
 
@@ -49,14 +50,13 @@ inline typename VecOf<T>::type alibi_row_max(T slope, int64_t off, int64_t ncols
 // the sink. A sink of -inf is no sink (the state is left as it is); NaN makes the row NaN.
 template <typename T>
 inline void fold_sink(T sink, T* m, T* l, T* alpha) {
-  constexpr T kLog2e = T(1.4426950408889634074);
   *alpha = T(1);
   if (sink == -T(__builtin_inf())) return;
   const T m_old = *m;
   const T m_new = (sink > m_old || sink != sink) ? sink : m_old;
   // 2^-inf = 0 when the row saw no key (then *l is 0 too).
-  if (m_new != m_old) *alpha = exp2_approx((m_old - m_new) * kLog2e);
-  *l = *l * *alpha + exp2_approx((sink - m_new) * kLog2e);
+  if (m_new != m_old) *alpha = softmax_exp(m_old, m_new);
+  *l = *l * *alpha + softmax_exp(sink, m_new);
   *m = m_new;
 }
 

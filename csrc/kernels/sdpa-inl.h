@@ -22,14 +22,13 @@
 #include "api/params.h"
 #include "kernels/attention-inl.h"
 #include "kernels/driver-inl.h"
+#include "kernels/online_softmax-inl.h"
 #include "kernels/row_bias-inl.h"
 #include "kernels/sdpa_bf16-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
-
-constexpr double kLog2e = 1.4426950408889634074;
 
 // Keys per block: the packed K^T block (head_dim x keys) takes about twice the L1 data
 // cache (its panels stream through L1 one column tile at a time; measured best here).
@@ -99,12 +98,9 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   const T* kt = sc.kt + (c0 / CT) * E * CT;
   const KV* vb = v_block + c0 * p.v.row_stride;
   const float* vsb = vs ? vs + c0 : nullptr;
-  // Scores, masks, m and the weights' scores stay in natural units, which keeps every
-  // finite score and mask value finite; log2(e) enters only the exp2 argument (s - m),
-  // which is <= 0 and can overflow only towards -inf, whose exp2 is the right 0.
+  // Scores, masks and m stay in natural units (online_softmax-inl.h).
   const bool softcap = p.softcap > 0;
   const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
-  const T log2e = T(kLog2e);
   // Padded to whole register tiles: every row goes through the same tile code whichever
   // rows share its tile, so its rounding does not depend on how rows fall into tasks.
   const int64_t tile_rows = round_up(nrows, kRowTile);
@@ -197,7 +193,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
         for (int64_t j = imax(jlo, sa(g)); j < imin(jhi, se(g, w)); ++j)
           mx = s[j] != s[j] ? s[j] : mx;
     const T m_old = sc.m[r0 + r];
-    const T m_new = (mx > m_old || mx != mx) ? mx : m_old;
+    const T m_new = softmax_new_max(mx, m_old);
     if (m_new == kNegInf) {  // everything so far masked
       zero();
       continue;
@@ -205,19 +201,12 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     V vsum = V{};
     for (int64_t g = 0; g < nseg; ++g)
       for (int64_t j = sa(g); j < se(g, w); j += L) {
-        const V e = exp2_approx_vec<T>((vload(s + j) - m_new) * log2e);
+        const V e = softmax_exp_vec(vload(s + j), m_new);
         vstore(s + j, e);
         vsum += e;
       }
-    const T sum = reduce_add<T>(vsum);
-    // Rescale only when the max grew (alpha == 1 otherwise); 2^-inf = 0 on first use.
-    if (m_new != m_old) {
-      const T alpha = exp2_approx((m_old - m_new) * log2e);
-      T* a = sc.acc + (r0 + r) * Eva;
-      for (int64_t c = 0; c < Ev; ++c) a[c] *= alpha;
-      sc.l[r0 + r] *= alpha;
-    }
-    sc.l[r0 + r] += sum;
+    softmax_rescale_add(m_old, m_new, reduce_add<T>(vsum), sc.acc + (r0 + r) * Eva, Ev,
+                        &sc.l[r0 + r]);
     sc.m[r0 + r] = m_new;
   }
 
@@ -263,25 +252,6 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       }
     }
   }
-}
-
-// Masked scores -> weights, e^(s - m) / l from the row's final max m and sum l (not
-// e^(s - lse): once |m| is large, m + log(l) loses log(l)); a row that saw nothing
-// (m = -inf) gets zeros.
-template <typename T>
-inline void finish_weights(T* w, int64_t len, T m, T l) {
-  if (m == -T(__builtin_inf())) {
-    for (int64_t j = 0; j < len; ++j) w[j] = T(0);
-  } else {
-    const T log2e = T(kLog2e);
-    for (int64_t j = 0; j < len; ++j) w[j] = exp2_approx((w[j] - m) * log2e) / l;
-  }
-}
-
-// Row state (max m, sum l) -> log-sum-exp.
-template <typename T>
-inline T lse_of(T m, T l) {
-  return m == -T(__builtin_inf()) ? m : T(double(m) + __builtin_log(double(l)));
 }
 
 // Key splits: per (task, split, row) the Ev accumulators, m and l.
@@ -434,7 +404,7 @@ struct SdpaEngine {
         for (int64_t sp = 0; sp < plan.key_splits; ++sp) {
           const T* src = part + sp * split_stride + r * (Ev + 2);
           if (src[Ev] == kNegInf) continue;  // this split saw no key of this row
-          const T w = exp2_approx((src[Ev] - m) * T(kLog2e));
+          const T w = softmax_exp(src[Ev], m);
           l = vfma(w, src[Ev + 1], l);
           for (int64_t c = 0; c < Ev; ++c) out[c] = vfma(w, src[c], out[c]);
         }

@@ -8,6 +8,8 @@ bfloat16-rounded inputs and bfloat16-rounded probabilities P, accumulated in flo
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -91,3 +93,13 @@ def bf16_twin(q, k, v, kwargs) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(total > 0, acc / total, 0).astype(np.float32)
     return out.astype(np.float64)
+
+
+def peak_traced_bytes(call) -> int:
+    """The peak of NumPy's (traced) allocations while ``call()`` runs."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

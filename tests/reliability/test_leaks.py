@@ -98,12 +98,12 @@ SCRIPT = textwrap.dedent("""
             expect(ValueError, lambda: fastattn.nadaraya_watson(xq, xk, y, bandwidth=-1.0)),
             expect(ValueError, lambda: layer(seq[..., :5]))),
         "errors-cxx": lambda: (
-            expect(ValueError, lambda: _core.sdpa(q, k, v, out[:1], None, None, None, None,
-                                                  None, 1.0, 0.0, False, 0, -1, -1, 1)),
+            expect(ValueError, lambda: _core.sdpa(query=q, key=k, value=v, out=out[:1],
+                                                  num_threads=1)),
             expect(ValueError, lambda: _core.masked_softmax(x, x[:1], None, None, 1)),
             expect(TypeError, lambda: _core.masked_softmax([1.0], x, None, None, 1)),
-            expect(ValueError, lambda: _core.select(q, k, v, out, None, None, None, None, 1.0,
-                                                    False, 0, -1, -1, 0, False, 1))),
+            expect(ValueError, lambda: _core.select(query=q, key=k, value=v, out=out, top_k=0,
+                                                    hardmax=False, num_threads=1))),
         "errors-bad-alloc": lambda: expect(MemoryError, lambda: fastattn.additive_attention(
             hq, one, one, hw, hw, hv)),
     }
