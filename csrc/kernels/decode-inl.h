@@ -31,14 +31,18 @@ static_assert(kRowTile % kThinGroup == 0, "scores_group reads q padded to whole 
 // straight from the key rows).
 constexpr int64_t kThinRows = 2 * kThinGroup;
 
-// Prefetch distance ahead of the key/value row being read, in bytes: the hardware
-// prefetcher follows the two streams, this keeps more lines in flight per core.
-constexpr int64_t kPrefetchBytes = 2048;
-
-template <typename S>
-inline void prefetch_row(const S* row, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64)
-    __builtin_prefetch(reinterpret_cast<const char*>(row) + b + kPrefetchBytes, 0, 0);
+// Whether p[0, n) holds no zero (whole vectors, then the tail).
+template <typename T>
+inline bool all_nonzero(const T* p, int64_t n) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  typename MaskOf<T>::type zero{};
+  int64_t j = 0;
+  for (; j + L <= n; j += L) zero |= vload(p + j) == V{};
+  bool any = false;
+  for (int i = 0; i < L; ++i) any |= zero[i] != 0;
+  for (; j < n; ++j) any |= p[j] == T(0);
+  return !any;
 }
 
 // s[r, j] = q[r, :] . k[j, :] (times scale[j] for int8 keys) for rows [0, nrows) and keys
@@ -53,14 +57,11 @@ inline void scores_group(const T* q, int64_t head_dim, const S* k, int64_t k_row
   constexpr int G = L < kThinGroup ? L : kThinGroup;  // rows per pass
   constexpr int KG = L / G;                           // keys per pass
   const int64_t e_whole = head_dim / L * L;
-  const int64_t row_bytes = head_dim * int64_t(sizeof(S));
   for (int64_t r0 = 0; r0 < nrows; r0 += G) {
     const T* qg = q + r0 * head_dim;
     T* sg = s + r0 * s_ld;
     int64_t j = 0;
     for (; j + KG <= n; j += KG) {
-      if (r0 == 0)
-        for (int kk = 0; kk < KG; ++kk) prefetch_row(k + (j + kk) * k_row_stride, row_bytes);
       V acc[L];
       for (int i = 0; i < L; ++i) acc[i] = V{};
       for (int64_t e = 0; e < e_whole; e += L) {
@@ -101,26 +102,22 @@ inline void scores_group(const T* q, int64_t head_dim, const S* k, int64_t k_row
 }
 
 // Columns [c, c + U * L) of G rows' acc += p v over keys [0, n), every probability
-// multiplied (the caller has checked none is 0, so this is pv_row's arithmetic). An int8
-// value row's scale folds into each row's probability, as in pv_row.
+// multiplied (the caller has checked none is 0, so this is pv_row's arithmetic; an int8
+// value row's scale is already folded into p).
 template <typename T, int G, int U, typename S>
 inline void pv_group_cols(const T* p, int64_t p_ld, int64_t n, const S* v, int64_t v_row_stride,
-                          int64_t c, T* acc, int64_t acc_ld, const float* scale, bool lead) {
+                          int64_t c, T* acc, int64_t acc_ld) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
-  const int64_t row_bytes = v_row_stride * int64_t(sizeof(S));
   V a[G][U];
   for (int g = 0; g < G; ++g)
     for (int u = 0; u < U; ++u) a[g][u] = vload(acc + g * acc_ld + c + u * L);
   for (int64_t j = 0; j < n; ++j) {
     const S* vr = v + j * v_row_stride + c;
-    if (lead) prefetch_row(v + j * v_row_stride, row_bytes < 512 ? row_bytes : 512);
     V x[U];
     for (int u = 0; u < U; ++u) x[u] = vload_wide<T>(vr + u * L);
     for (int g = 0; g < G; ++g) {
-      T pj = p[g * p_ld + j];
-      if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
-      const V pb = vbroadcast(pj);
+      const V pb = vbroadcast(p[g * p_ld + j]);
       for (int u = 0; u < U; ++u) a[g][u] = vfma(pb, x[u], a[g][u]);
     }
   }
@@ -129,52 +126,41 @@ inline void pv_group_cols(const T* p, int64_t p_ld, int64_t n, const S* v, int64
 }
 
 // acc[r, :] += sum_j p[r, j] * v[j, :] for rows [0, nrows), keys [0, n): pv_row's results.
-// Groups of rows whose probabilities are all nonzero share each value row read (a zero
-// must skip its key, as pv_row does, so such a group goes row by row).
+// A group of kThinGroup rows whose probabilities are all nonzero shares each value read
+// (a zero must skip its key, as pv_row does, so such a group goes row by row); its columns
+// go in register tiles of U vectors, so each value element is read (and widened) once.
+// p is scratch the caller reads no more: an int8 value row's scale is folded into it here
+// (the product pv_row forms), once rather than once per column tile.
 template <typename T, typename S>
-inline void pv_group(const T* p, int64_t p_ld, int64_t nrows, int64_t n, const S* v,
-                     int64_t v_row_stride, int64_t dv, T* acc, int64_t acc_ld, const float* scale) {
-  constexpr int L = kLanes<T>;
-  constexpr int G = 2;  // rows per pass: G x UM accumulators + UM value vectors in registers
-  constexpr int UM = kVecBytes<T> == 64 ? 8 : 4;  // 32 vector registers, or 16
+inline void pv_group(T* p, int64_t p_ld, int64_t nrows, int64_t n, const S* v, int64_t v_row_stride,
+                     int64_t dv, T* acc, int64_t acc_ld, const float* scale) {
+  constexpr int L = kLanes<T>, G = kThinGroup;
+  // G x U accumulators + U value vectors in registers (32 of them with AVX-512, else 16).
+  constexpr int U = kVecBytes<T> == 64 ? 4 : 2;
   int64_t r = 0;
   for (; r + G <= nrows; r += G) {
     bool dense = true;
-    for (int g = 0; g < G; ++g)
-      for (int64_t j = 0; j < n; ++j) dense &= p[(r + g) * p_ld + j] != T(0);
+    for (int g = 0; g < G; ++g) dense = dense && all_nonzero(p + (r + g) * p_ld, n);
     if (!dense) {
       for (int g = 0; g < G; ++g)
         pv_row(p + (r + g) * p_ld, n, v, v_row_stride, dv, acc + (r + g) * acc_ld, scale);
       continue;
     }
-    const T* pr = p + r * p_ld;
+    T* pr = p + r * p_ld;
+    if constexpr (std::is_same_v<S, int8_t>)
+      for (int g = 0; g < G; ++g)
+        for (int64_t j = 0; j < n; ++j) pr[g * p_ld + j] *= scale[j];
     T* ar = acc + r * acc_ld;
     int64_t c = 0;
-    bool lead = r == 0;
-    for (; c + UM * L <= dv; c += UM * L, lead = false)
-      pv_group_cols<T, G, UM, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld, scale, lead);
-    if (UM > 4 && c + 4 * L <= dv) {
-      pv_group_cols<T, G, 4, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld, scale, lead);
-      c += 4 * L;
-      lead = false;
-    }
-    if (c + 2 * L <= dv) {
-      pv_group_cols<T, G, 2, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld, scale, lead);
-      c += 2 * L;
-      lead = false;
-    }
-    if (c + L <= dv) {
-      pv_group_cols<T, G, 1, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld, scale, lead);
-      c += L;
-    }
+    for (; c + U * L <= dv; c += U * L)
+      pv_group_cols<T, G, U, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld);
+    for (; c + L <= dv; c += L)  // a head dim of fewer whole vectors
+      pv_group_cols<T, G, 1, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld);
     for (int g = 0; g < G; ++g)  // the column tail, pv_row's scalar loop
       for (int64_t cc = c; cc < dv; ++cc) {
         T a = ar[g * acc_ld + cc];
-        for (int64_t j = 0; j < n; ++j) {
-          T pj = pr[g * p_ld + j];
-          if constexpr (std::is_same_v<S, int8_t>) pj *= scale[j];
-          a = vfma(pj, widen<T>(v[j * v_row_stride + cc]), a);
-        }
+        for (int64_t j = 0; j < n; ++j)
+          a = vfma(pr[g * p_ld + j], widen<T>(v[j * v_row_stride + cc]), a);
         ar[g * acc_ld + cc] = a;
       }
   }
