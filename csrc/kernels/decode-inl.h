@@ -25,7 +25,6 @@ namespace FASTATTN_ISA_NS {
 // Query rows served together by one pass over the keys (a GQA group of 4 query heads per
 // kv head fills it); more rows take more passes.
 constexpr int kThinGroup = 4;
-static_assert(kRowTile % kThinGroup == 0, "scores_group reads q padded to whole groups of rows");
 
 // Rows the thin specialisation takes per task (fewer than this: no packing, dot products
 // straight from the key rows).
@@ -45,60 +44,69 @@ inline bool all_nonzero(const T* p, int64_t n) {
   return !any;
 }
 
-// s[r, j] = q[r, :] . k[j, :] (times scale[j] for int8 keys) for rows [0, nrows) and keys
-// [0, n). q has nrows rounded up to kThinGroup rows (padding rows are computed, their
-// scores never read). L accumulators hold G rows x (L / G) keys, reduced to one vector at
-// once (reduce_lanes_of), so each key row is loaded once per group of G rows.
-template <typename T, typename S>
-inline void scores_group(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
-                         int64_t s_ld, int64_t nrows, int64_t n, const float* scale) {
+// s[g, j] = q[g, :] . k[j, :] (times scale[j] for int8 keys) for G rows and keys [0, n).
+// L accumulators hold G rows x (L / G) keys, reduced to one vector at once
+// (reduce_lanes_of), so each key row is loaded once for the G rows.
+template <int G, typename T, typename S>
+inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row_stride, T* sg,
+                        int64_t s_ld, int64_t n, const float* scale) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
-  constexpr int G = L < kThinGroup ? L : kThinGroup;  // rows per pass
-  constexpr int KG = L / G;                           // keys per pass
+  constexpr int KG = L / G;  // keys per pass
+  static_assert(KG * G == L, "a pass fills the L accumulators");
   const int64_t e_whole = head_dim / L * L;
-  for (int64_t r0 = 0; r0 < nrows; r0 += G) {
-    const T* qg = q + r0 * head_dim;
-    T* sg = s + r0 * s_ld;
-    int64_t j = 0;
-    for (; j + KG <= n; j += KG) {
-      V acc[L];
-      for (int i = 0; i < L; ++i) acc[i] = V{};
-      for (int64_t e = 0; e < e_whole; e += L) {
-        V kv[KG];
-        for (int kk = 0; kk < KG; ++kk) kv[kk] = vload_wide<T>(k + (j + kk) * k_row_stride + e);
-        for (int g = 0; g < G; ++g) {
-          const V qv = vload(qg + g * head_dim + e);
-          for (int kk = 0; kk < KG; ++kk) acc[kk * G + g] = vfma(qv, kv[kk], acc[kk * G + g]);
-        }
-      }
-      // Lane kk * G + g: row g, key j + kk.
-      V dots = L > 1 ? reduce_lanes_of<T>(acc) : acc[0];
-      for (int kk = 0; kk < KG; ++kk) {
-        const S* kr = k + (j + kk) * k_row_stride;
-        for (int g = 0; g < G; ++g) {
-          const T* qr = qg + g * head_dim;
-          T dot = dots[kk * G + g];
-          for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
-          if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j + kk];
-          sg[g * s_ld + j + kk] = dot;
-        }
+  int64_t j = 0;
+  for (; j + KG <= n; j += KG) {
+    V acc[L];
+    for (int i = 0; i < L; ++i) acc[i] = V{};
+    for (int64_t e = 0; e < e_whole; e += L) {
+      V kv[KG];
+      for (int kk = 0; kk < KG; ++kk) kv[kk] = vload_wide<T>(k + (j + kk) * k_row_stride + e);
+      for (int g = 0; g < G; ++g) {
+        const V qv = vload(qg + g * head_dim + e);
+        for (int kk = 0; kk < KG; ++kk) acc[kk * G + g] = vfma(qv, kv[kk], acc[kk * G + g]);
       }
     }
-    for (; j < n; ++j) {  // the last keys, one at a time
-      const S* kr = k + j * k_row_stride;
+    // Lane kk * G + g: row g, key j + kk.
+    V dots = L > 1 ? reduce_lanes_of<T>(acc) : acc[0];
+    for (int kk = 0; kk < KG; ++kk) {
+      const S* kr = k + (j + kk) * k_row_stride;
       for (int g = 0; g < G; ++g) {
         const T* qr = qg + g * head_dim;
-        V acc = V{};
-        for (int64_t e = 0; e < e_whole; e += L)
-          acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
-        T dot = reduce_add<T>(acc);
+        T dot = dots[kk * G + g];
         for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
-        if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j];
-        sg[g * s_ld + j] = dot;
+        if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j + kk];
+        sg[g * s_ld + j + kk] = dot;
       }
     }
   }
+  for (; j < n; ++j) {  // the last keys, one at a time
+    const S* kr = k + j * k_row_stride;
+    for (int g = 0; g < G; ++g) {
+      const T* qr = qg + g * head_dim;
+      V acc = V{};
+      for (int64_t e = 0; e < e_whole; e += L)
+        acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
+      T dot = reduce_add<T>(acc);
+      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
+      if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j];
+      sg[g * s_ld + j] = dot;
+    }
+  }
+}
+
+// scores_rows for rows [0, nrows): groups of kThinGroup rows (fewer on narrow vectors),
+// then the rest one at a time (a single decoding row reads its L keys at once).
+template <typename T, typename S>
+inline void scores_group(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
+                         int64_t s_ld, int64_t nrows, int64_t n, const float* scale) {
+  constexpr int L = kLanes<T>;
+  constexpr int G = L < kThinGroup ? L : kThinGroup;
+  int64_t r = 0;
+  for (; r + G <= nrows; r += G)
+    scores_rows<G>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale);
+  for (; r < nrows; ++r)
+    scores_rows<1>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale);
 }
 
 // Columns [c, c + U * L) of G rows' acc += p v over keys [0, n), every probability
