@@ -149,23 +149,25 @@ def scaled_dot_product_attention(
     """
     if _fast_path and key_scale is None and value_scale is None:
         # The common call, checked and computed by the core; None: take the full path.
+        # Positional, in sdpa_fast's order: CPython compiles a call of 16 keywords into
+        # one through a new dict (and a new names tuple) every time.
         result = _core.sdpa_fast(
-            query=query,
-            key=key,
-            value=value,
-            attn_mask=attn_mask,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            scale=scale,
-            softcap=softcap,
-            return_lse=return_lse,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
-            sinks=sinks,
-            alibi_slopes=alibi_slopes,
+            query,
+            key,
+            value,
+            attn_mask,
+            valid_lens,
+            is_causal,
+            causal_alignment,
+            window,
+            scale,
+            softcap,
+            return_lse,
+            return_weights,
+            out,
+            num_threads,
+            sinks,
+            alibi_slopes,
         )
         if result is not None:
             return result

@@ -175,9 +175,14 @@ bool bind_args(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObj
   return true;
 }
 
-bool is_ascii(PyObject* s, const char* text) {
-  return PyUnicode_CheckExact(s) && PyUnicode_CompareWithASCIIString(s, text) == 0;
+// Whether s is the str `text`; `interned` is that str interned, which a literal in the
+// caller's source is, so the usual call is one pointer comparison.
+bool is_ascii(PyObject* s, PyObject* interned, const char* text) {
+  return s == interned ||
+         (PyUnicode_CheckExact(s) && PyUnicode_CompareWithASCIIString(s, text) == 0);
 }
+PyObject* g_bottom_right = nullptr;  // interned "bottom_right" and "top_left"
+PyObject* g_top_left = nullptr;
 
 PyObject* g_ndarray = nullptr;  // numpy.ndarray
 
@@ -190,8 +195,8 @@ bool fast_call(PyObject** slot, SdpaCall* call, int64_t* diag_from_len, double* 
   if (slot[kReturnLse] != Py_False || slot[kReturnWeights] != Py_False) return false;
   if (slot[kIsCausal] != Py_True && slot[kIsCausal] != Py_False) return false;
   call->causal = slot[kIsCausal] == Py_True;
-  const bool bottom_right = is_ascii(slot[kCausalAlignment], "bottom_right");
-  if (!bottom_right && !is_ascii(slot[kCausalAlignment], "top_left")) return false;
+  const bool bottom_right = is_ascii(slot[kCausalAlignment], g_bottom_right, "bottom_right");
+  if (!bottom_right && !is_ascii(slot[kCausalAlignment], g_top_left, "top_left")) return false;
   *diag_from_len = bottom_right;
   PyObject* scale = slot[kScale];
   if (scale != Py_None && !PyFloat_CheckExact(scale)) return false;
@@ -323,6 +328,8 @@ void register_sdpa(py::module_& m) {
       "The common scaled_dot_product_attention call, computed; None for any other "
       "(see fastattn/_sdpa.py)."};
   g_ndarray = py::object(py::module_::import("numpy").attr("ndarray")).release().ptr();
+  g_bottom_right = PyUnicode_InternFromString("bottom_right");
+  g_top_left = PyUnicode_InternFromString("top_left");
   m.add_object("sdpa_fast", py::reinterpret_steal<py::object>(
                                 PyCFunction_NewEx(&fast_def, nullptr, m.attr("__name__").ptr())));
   // The process environment's thread variables, read with getenv: os.environ's writes go

@@ -317,51 +317,6 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
   }
 }
 
-// s[r, j] = q[r, :] . k[j, :] straight from the key rows, for a handful of query rows
-// (decoding), where packing K^T would cost more than the scores themselves. L keys at a
-// time, reduced together; every key's dot product has the same order of operations. Keys
-// stored in a narrower type S are widened as they are read; an int8 key's dot product is
-// multiplied by its scale (scale[j] for key j; null for float keys).
-template <typename T, typename S = T>
-inline void scores_direct(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
-                          int64_t s_ld, int64_t nrows, int64_t n, const float* scale = nullptr) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = kLanes<T>;
-  const int64_t e_whole = head_dim / L * L;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const T* qr = q + r * head_dim;
-    T* sr = s + r * s_ld;
-    int64_t j = 0;
-    if constexpr (L > 1) {
-      for (; j + L <= n; j += L) {
-        V acc[L];
-        for (int i = 0; i < L; ++i) acc[i] = V{};
-        for (int64_t e = 0; e < e_whole; e += L) {
-          const V qv = vload(qr + e);
-          for (int i = 0; i < L; ++i)
-            acc[i] = vfma(qv, vload_wide<T>(k + (j + i) * k_row_stride + e), acc[i]);
-        }
-        V dots = reduce_lanes_of<T>(acc);
-        for (int64_t e = e_whole; e < head_dim; ++e)
-          for (int i = 0; i < L; ++i)
-            dots[i] = vfma(qr[e], widen<T>(k[(j + i) * k_row_stride + e]), T(dots[i]));
-        if constexpr (std::is_same_v<S, int8_t>) dots *= vload(scale + j);
-        vstore(sr + j, dots);
-      }
-    }
-    for (; j < n; ++j) {
-      const S* kr = k + j * k_row_stride;
-      V acc = V{};
-      for (int64_t e = 0; e < e_whole; e += L)
-        acc = vfma(vload(qr + e), vload_wide<T>(kr + e), acc);
-      T dot = reduce_add<T>(acc);
-      for (int64_t e = e_whole; e < head_dim; ++e) dot = vfma(qr[e], widen<T>(kr[e]), dot);
-      if constexpr (std::is_same_v<S, int8_t>) dot *= scale[j];
-      sr[j] = dot;
-    }
-  }
-}
-
 // acc[r, :] += sum_j p[r, j] * v[j, :] for kRowTile rows at once, multiplying every
 // probability (so only for a block whose values are all finite), over the value panels
 // (pack_values) and the padded width dv_pad: no column tail, so every row of the tile runs the same

@@ -21,6 +21,7 @@
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
+#include "kernels/decode-inl.h"
 #include "kernels/driver-inl.h"
 #include "kernels/online_softmax-inl.h"
 #include "kernels/row_bias-inl.h"
@@ -123,8 +124,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   constexpr bool kDot = kDotBf16<S> && !kThin;  // bfloat16 products (sdpa_bf16-inl.h)
   for (int64_t g = 0; g < nseg; ++g) {
     if (kThin) {
-      scores_direct(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
-                    sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr);
+      scores_group(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
+                   sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr);
     } else {
       for (int64_t t = 0; t < tile_rows / RT; ++t) {
         if (se(g, width[t]) <= sa(g)) continue;
@@ -213,11 +214,10 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   // acc += P V run by run: each element still takes its keys in order, one fused
   // multiply-add at a time, and the skipped keys' probabilities are 0.
   T* acc = sc.acc + r0 * Eva;
-  if (kThin) {  // straight from the value rows
-    for (int64_t r = 0; r < nrows; ++r)
-      for (int64_t g = 0; g < nseg; ++g)
-        pv_row(sc.s + r * kt_ld + sa(g), sb(g) - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
-               Ev, acc + r * Eva, vsb ? vsb + sa(g) : nullptr);
+  if (kThin) {  // straight from the value rows, each read once for the rows (decode-inl.h)
+    for (int64_t g = 0; g < nseg; ++g)
+      pv_group(sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), vb + sa(g) * p.v.row_stride,
+               p.v.row_stride, Ev, acc, Eva, vsb ? vsb + sa(g) : nullptr);
     return;
   }
   // The probabilities of a tile's rows are written up to its width (zeros past each row's
@@ -443,8 +443,8 @@ inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
          heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
     plan.block_q /= 2;
   plan_tasks(p, batch, &plan);
-  // Thin: fewer rows than a register tile per task (decoding), no packing.
-  const bool thin = plan.heads * p.len_q < kRowTile;
+  // Thin: a few rows per task (decoding, a GQA group's heads), no packing (decode-inl.h).
+  const bool thin = plan.heads * p.len_q < kThinRows;
   // Few tasks over long key ranges (decoding): split the keys.
   plan.key_splits = 1;
   plan.split_len = imax(p.len_k, 1);
