@@ -72,6 +72,18 @@ inline bool all_set(const E* m, int64_t cs, int64_t a, int64_t b) {
   return all;
 }
 
+// Whether some chunk c in [c0, c1) has its bit set in the words word(0), word(1), ...
+template <typename F>
+inline bool any_chunk(int64_t c0, int64_t c1, F word) {
+  for (int64_t w = c0 / 64; c0 < c1 && w * 64 < c1; ++w) {
+    uint64_t keep = ~uint64_t(0);
+    if (w == c0 / 64) keep &= ~uint64_t(0) << (c0 % 64);
+    if (w == (c1 - 1) / 64) keep &= ~uint64_t(0) >> (63 - (c1 - 1) % 64);
+    if (word(w) & keep) return true;
+  }
+  return false;
+}
+
 // A whole contiguous chunk of a bool row [c0, c0 + kChunk) by whole vectors of words
 // (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full. False (not
 // done) for float rows, strided rows and the short last chunk.
@@ -137,9 +149,8 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
   while (!visible(m[first * cs])) ++first;
   while (!visible(m[(last - 1) * cs])) --last;
   // An interval iff every key in [first, last) is kept: whole chunks between the first
-  // and the last chunk by their bits, the two edge chunks byte by byte.
-  bool interval = true;
-  for (int64_t c = first_chunk + 1; c < last_chunk && interval; ++c) interval = chunk_bit(all, c);
+  // and the last chunk by their bits (a word at a time), the two edge chunks key by key.
+  bool interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; });
   if (interval) {
     const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
     interval = all_set(m, cs, first, end_first) &&
@@ -147,9 +158,8 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
   }
   // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
   // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
-  bool chunky = false;
-  for (int64_t c = first_chunk; c <= last_chunk && !chunky; ++c)
-    chunky = !chunk_bit(some, c) || chunk_bit(all, c);
+  const bool chunky =
+      any_chunk(first_chunk, last_chunk + 1, [&](int64_t w) { return ~some[w] | all[w]; });
   dst[kSumFirst] = uint64_t(first);
   dst[kSumLast] = uint64_t(last);
   dst[kSumInterval] = interval;
