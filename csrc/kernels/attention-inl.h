@@ -195,7 +195,17 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
   if (fmask) {
     const int64_t cs = p.float_mask.col_stride;
     const T* fm = fmask + kb * cs;
-    for (int64_t j = jlo; j < jhi; ++j) {
+    int64_t j = jlo;
+    if (cs == 1) {  // whole vectors: the select would otherwise go entry by entry
+      using V = typename VecOf<T>::type;
+      constexpr int L = kLanes<T>;
+      const V ninf = vbroadcast(kNegInf);
+      for (; j + L <= jhi; j += L) {
+        const V f = vload(fm + j), x = vload(s + j);
+        vstore(s + j, f == ninf ? ninf : x + f);
+      }
+    }
+    for (; j < jhi; ++j) {
       const T f = fm[j * cs];
       s[j] = f == kNegInf ? kNegInf : s[j] + f;
     }

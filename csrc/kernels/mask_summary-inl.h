@@ -85,8 +85,9 @@ inline bool any_chunk(int64_t c0, int64_t c1, F word) {
 }
 
 // A whole contiguous chunk of a bool row [c0, c0 + kChunk) by whole vectors of words
-// (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full. False (not
-// done) for float rows, strided rows and the short last chunk.
+// (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full; a float
+// chunk likewise by vectors of entries. False (not done) for strided rows and the short
+// last chunk.
 template <typename E>
 inline bool chunk_words(const E* m, int64_t cs, int64_t c0, int64_t n, bool* any, bool* full) {
   if constexpr (std::is_same_v<E, uint8_t>) {
@@ -109,7 +110,26 @@ inline bool chunk_words(const E* m, int64_t cs, int64_t c0, int64_t n, bool* any
     *full = z == 0;
     return true;
   } else {
-    return false;
+    // A contiguous float chunk: lane compares against -inf, whole vectors (the scalar
+    // count would read the chunk one entry at a time).
+    if (cs != 1 || n != kChunk) return false;
+    using M = typename MaskOf<E>::type;
+    constexpr int L = kLanes<E>;
+    const Vec<E> neg_inf = vbroadcast(-E(__builtin_inf()));
+    M some_hidden = M{}, all_hidden = M{} - 1;
+    for (int64_t j = 0; j < kChunk; j += L) {
+      const M h = vload(m + c0 + j) == neg_inf;
+      some_hidden |= h;
+      all_hidden &= h;
+    }
+    bool sh = false, ah = true;
+    for (int l = 0; l < L; ++l) {
+      sh = sh || some_hidden[l] != 0;
+      ah = ah && all_hidden[l] != 0;
+    }
+    *any = !ah;
+    *full = !sh;
+    return true;
   }
 }
 
