@@ -480,8 +480,9 @@ def _sink_softmax(scores: np.ndarray, allowed: np.ndarray, sinks: np.ndarray | N
 
 
 def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
-    """Full-shape bool: causal/window, valid_lens and the bool mask, ANDed."""
-    bool_mask, _, lens = attention_masks(args)
+    """Full-shape bool: causal/window, valid_lens, the bool mask and the float mask's
+    entries other than -inf (a -inf entry removes its key as False does), ANDed."""
+    bool_mask, float_mask, lens = attention_masks(args)
     allowed = np.broadcast_to(
         _visible_keys(num_q, num_k, args.diag_offset, args.is_causal, args.window),
         args.full_scores_shape,
@@ -490,6 +491,8 @@ def _allowed(args, num_q: int, num_k: int) -> np.ndarray:
         allowed = allowed & (np.arange(num_k) < lens[..., None])
     if bool_mask is not None:
         allowed = allowed & bool_mask
+    if float_mask is not None:
+        allowed = allowed & (float_mask != -np.inf)
     return allowed
 
 

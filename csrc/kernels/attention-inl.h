@@ -185,7 +185,9 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
 
 // Masks on one row of scores s[0:ncols) for the keys [kb, kb + ncols) (s[j] is key kb + j):
 // s += float_mask, bool-mask holes and keys outside the visible columns [jlo, jhi) become
-// -inf. fmask/bmask point at the row's first key (strided by their col_stride) or are null.
+// -inf. A -inf float entry removes its key as a False bool entry does (its score is never
+// added, so a NaN or +inf score there stays out; docs/semantics.md#float-mask).
+// fmask/bmask point at the row's first key (strided by their col_stride) or are null.
 template <typename T>
 inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, int64_t kb,
                      int64_t jlo, int64_t jhi, int64_t ncols, T* s) {
@@ -193,7 +195,20 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
   if (fmask) {
     const int64_t cs = p.float_mask.col_stride;
     const T* fm = fmask + kb * cs;
-    for (int64_t j = jlo; j < jhi; ++j) s[j] += fm[j * cs];
+    int64_t j = jlo;
+    if (cs == 1) {  // whole vectors: the select would otherwise go entry by entry
+      using V = typename VecOf<T>::type;
+      constexpr int L = kLanes<T>;
+      const V ninf = vbroadcast(kNegInf);
+      for (; j + L <= jhi; j += L) {
+        const V f = vload(fm + j), x = vload(s + j);
+        vstore(s + j, f == ninf ? ninf : x + f);
+      }
+    }
+    for (; j < jhi; ++j) {
+      const T f = fm[j * cs];
+      s[j] = f == kNegInf ? kNegInf : s[j] + f;
+    }
   }
   if (bmask) {
     const int64_t cs = p.bool_mask.col_stride;

@@ -89,7 +89,7 @@ struct TaskView {
 };
 
 // Sets up task t over keys [key_begin, key_end) in *tv; returns the keys its rows see
-// (narrowed to what the bool mask leaves visible when it has a summary).
+// (narrowed to what the mask leaves visible when it has a summary).
 template <typename T, typename S, typename KV>
 inline void open_task(const AttnParams& p, const Plan& plan, const MaskSummary& sum, int64_t t,
                       int64_t key_begin, int64_t key_end, RowRef<T, S>* rows,
@@ -152,9 +152,9 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   const int64_t items = plan.tasks * splits;
   bool failed = false;
   const int threads = int(imax(1, imin(p.num_threads, items)));
-  // Once per call: which keys the bool mask hides, so that blocks nobody sees are skipped.
+  // Once per call: which keys the mask hides, so that blocks nobody sees are skipped.
   MaskSummary sum;
-  if constexpr (skips_masked<Engine>::value) summarise_bool_mask(p, &sum);
+  if constexpr (skips_masked<Engine>::value) summarise_mask<T>(p, &sum);
   parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
     RowRef<T, S>* rows = nullptr;

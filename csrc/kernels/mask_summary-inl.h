@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "api/params.h"
 #include "kernels/attention-inl.h"
@@ -33,10 +34,11 @@ static_assert(kChunk % kColTile<double> == 0 && kChunk % kColTile<float> == 0,
 // "all visible" chunk words (chunk c is bit c % 64 of word c / 64).
 enum : int64_t { kSumFirst = 0, kSumLast = 1, kSumInterval = 2, kSumChunky = 3, kSumHeader = 4 };
 
-// The summary of one call's bool mask; rows are found like the mask's own rows (a
+// The summary of one call's mask; rows are found like the mask's own rows (a
 // broadcast axis has stride 0).
 struct MaskSummary {
-  uint64_t* data = nullptr;  // null: no summary (no bool mask, or it could not be allocated)
+  uint64_t* data = nullptr;  // null: no summary (no mask, or it could not be allocated)
+  bool is_float = false;     // of the float mask (whose finite entries an interval row still adds)
   int64_t words = 0;         // chunk words per kind
   int64_t row_words = 0;     // kSumHeader + 2 * words
   int64_t batch_stride[kMaxBatchDims] = {};
@@ -54,17 +56,89 @@ inline W zero_bytes(W w) {
   return ~(((w & k7f) + k7f) | w | k7f);
 }
 
-// Whether m[j * cs] != 0 for every j in [a, b).
-inline bool all_set(const uint8_t* m, int64_t cs, int64_t a, int64_t b) {
+// Whether a mask entry leaves its key visible: a true bool, a float other than -inf (a
+// -inf float entry removes the key exactly as False does; docs/semantics.md#float-mask).
+inline bool visible(uint8_t x) { return x != 0; }
+template <typename T>
+inline bool visible(T x) {
+  return x != -T(__builtin_inf());
+}
+
+// Whether m[j * cs] is visible for every j in [a, b).
+template <typename E>
+inline bool all_set(const E* m, int64_t cs, int64_t a, int64_t b) {
   bool all = true;
-  for (int64_t j = a; j < b; ++j) all = all && m[j * cs] != 0;
+  for (int64_t j = a; j < b; ++j) all = all && visible(m[j * cs]);
   return all;
 }
 
-// Summarises the mask row m (len keys, column stride cs) into dst (row_words words). The
-// chunk bits take one pass of word ORs and zero-byte tests (which the compiler vectorises);
-// only the first and last chunks that keep a key are then read byte by byte.
-inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
+// Whether some chunk c in [c0, c1) has its bit set in the words word(0), word(1), ...
+template <typename F>
+inline bool any_chunk(int64_t c0, int64_t c1, F word) {
+  for (int64_t w = c0 / 64; c0 < c1 && w * 64 < c1; ++w) {
+    uint64_t keep = ~uint64_t(0);
+    if (w == c0 / 64) keep &= ~uint64_t(0) << (c0 % 64);
+    if (w == (c1 - 1) / 64) keep &= ~uint64_t(0) >> (63 - (c1 - 1) % 64);
+    if (word(w) & keep) return true;
+  }
+  return false;
+}
+
+// A whole contiguous chunk of a bool row [c0, c0 + kChunk) by whole vectors of words
+// (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full; a float
+// chunk likewise by vectors of entries. False (not done) for strided rows and the short
+// last chunk.
+template <typename E>
+inline bool chunk_words(const E* m, int64_t cs, int64_t c0, int64_t n, bool* any, bool* full) {
+  if constexpr (std::is_same_v<E, uint8_t>) {
+    if (cs != 1 || n != kChunk) return false;
+    using W = Vec<uint64_t>;
+    constexpr int64_t kWordBytes = int64_t(sizeof(W));
+    W ors = W{}, zeros = W{};
+    for (int64_t j = 0; j < kChunk; j += kWordBytes) {
+      W w;
+      std::memcpy(&w, m + c0 + j, sizeof(W));
+      ors |= w;
+      zeros |= zero_bytes(w);
+    }
+    uint64_t o = 0, z = 0;
+    for (int l = 0; l < kLanes<uint64_t>; ++l) {
+      o |= ors[l];
+      z |= zeros[l];
+    }
+    *any = o != 0;
+    *full = z == 0;
+    return true;
+  } else {
+    // A contiguous float chunk: lane compares against -inf, whole vectors (the scalar
+    // count would read the chunk one entry at a time).
+    if (cs != 1 || n != kChunk) return false;
+    using M = typename MaskOf<E>::type;
+    constexpr int L = kLanes<E>;
+    const Vec<E> neg_inf = vbroadcast(-E(__builtin_inf()));
+    M some_hidden = M{}, all_hidden = M{} - 1;
+    for (int64_t j = 0; j < kChunk; j += L) {
+      const M h = vload(m + c0 + j) == neg_inf;
+      some_hidden |= h;
+      all_hidden &= h;
+    }
+    bool sh = false, ah = true;
+    for (int l = 0; l < L; ++l) {
+      sh = sh || some_hidden[l] != 0;
+      ah = ah && all_hidden[l] != 0;
+    }
+    *any = !ah;
+    *full = !sh;
+    return true;
+  }
+}
+
+// Summarises the mask row m (len keys, column stride cs; bool bytes or float entries) into
+// dst (row_words words). A contiguous bool row's chunk bits take one pass of word ORs and
+// zero-byte tests (which the compiler vectorises); only the first and last chunks that keep
+// a key are then read entry by entry.
+template <typename E>
+inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
   uint64_t* some = dst + kSumHeader;
   uint64_t* all = some + words;
   std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
@@ -72,29 +146,11 @@ inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t wor
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int64_t n = imin(kChunk, len - c0);
     bool any, full;
-    if (cs == 1 && n == kChunk) {
-      // Whole vectors of words (Vec<uint64_t>: the widest this ISA has), reduced at the end.
-      using W = Vec<uint64_t>;
-      constexpr int64_t kWordBytes = int64_t(sizeof(W));
-      W ors = W{}, zeros = W{};
-      for (int64_t j = 0; j < kChunk; j += kWordBytes) {
-        W w;
-        std::memcpy(&w, m + c0 + j, sizeof(W));
-        ors |= w;
-        zeros |= zero_bytes(w);
-      }
-      uint64_t o = 0, z = 0;
-      for (int l = 0; l < kLanes<uint64_t>; ++l) {
-        o |= ors[l];
-        z |= zeros[l];
-      }
-      any = o != 0;
-      full = z == 0;
-    } else {
-      int64_t visible = 0;
-      for (int64_t j = 0; j < n; ++j) visible += m[(c0 + j) * cs] != 0;
-      any = visible > 0;
-      full = visible == n;
+    if (!chunk_words(m, cs, c0, n, &any, &full)) {
+      int64_t seen = 0;
+      for (int64_t j = 0; j < n; ++j) seen += visible(m[(c0 + j) * cs]);
+      any = seen > 0;
+      full = seen == n;
     }
     if (!any) continue;
     const int64_t c = c0 / kChunk;
@@ -110,12 +166,11 @@ inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t wor
     return;
   }
   int64_t first = first_chunk * kChunk, last = imin(len, (last_chunk + 1) * kChunk);
-  while (!m[first * cs]) ++first;
-  while (!m[(last - 1) * cs]) --last;
+  while (!visible(m[first * cs])) ++first;
+  while (!visible(m[(last - 1) * cs])) --last;
   // An interval iff every key in [first, last) is kept: whole chunks between the first
-  // and the last chunk by their bits, the two edge chunks byte by byte.
-  bool interval = true;
-  for (int64_t c = first_chunk + 1; c < last_chunk && interval; ++c) interval = chunk_bit(all, c);
+  // and the last chunk by their bits (a word at a time), the two edge chunks key by key.
+  bool interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; });
   if (interval) {
     const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
     interval = all_set(m, cs, first, end_first) &&
@@ -123,20 +178,23 @@ inline void summarise_row(const uint8_t* m, int64_t cs, int64_t len, int64_t wor
   }
   // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
   // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
-  bool chunky = false;
-  for (int64_t c = first_chunk; c <= last_chunk && !chunky; ++c)
-    chunky = !chunk_bit(some, c) || chunk_bit(all, c);
+  const bool chunky =
+      any_chunk(first_chunk, last_chunk + 1, [&](int64_t w) { return ~some[w] | all[w]; });
   dst[kSumFirst] = uint64_t(first);
   dst[kSumLast] = uint64_t(last);
   dst[kSumInterval] = interval;
   dst[kSumChunky] = chunky;
 }
 
-// The summary of p's bool mask (summary->data null if there is none or allocation failed;
-// std::free it). Rows are split among the call's threads.
-inline void summarise_bool_mask(const AttnParams& p, MaskSummary* sum) {
+// The summary of p's mask (summary->data null if there is none or allocation failed;
+// std::free it): its bool mask, else its float mask (in the compute type T; -inf hides).
+// With both, the bool mask's alone (the float pass still removes the -inf keys). Rows are
+// split among the call's threads.
+template <typename T>
+inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
   sum->data = nullptr;
-  const StridedView& bm = p.bool_mask;
+  sum->is_float = !p.bool_mask.data;
+  const StridedView& bm = sum->is_float ? p.float_mask : p.bool_mask;
   if (!bm.data || p.len_k == 0) return;
   // Distinct rows: C order over the mask's non-broadcast axes.
   sum->words = ((p.len_k + kChunk - 1) / kChunk + 63) / 64;
@@ -168,10 +226,15 @@ inline void summarise_bool_mask(const AttnParams& p, MaskSummary* sum) {
         rest /= ext;
       }
       const int64_t h = idx / nr % nh, i = idx % nr;
-      const uint8_t* m = static_cast<const uint8_t*>(bm.data) +
-                         batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
-                         i * bm.row_stride;
-      summarise_row(m, bm.col_stride, p.len_k, sum->words, sum->data + idx * sum->row_words);
+      const int64_t off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
+                          i * bm.row_stride;
+      uint64_t* dst = sum->data + idx * sum->row_words;
+      if (sum->is_float)
+        summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum->words,
+                      dst);
+      else
+        summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k,
+                      sum->words, dst);
     }
   });
 }
@@ -185,7 +248,7 @@ inline const uint64_t* summary_row(const MaskSummary& sum, int64_t batch_ndim, c
 }
 
 // Narrows the task's rows to the keys their mask rows leave visible (a row that keeps
-// nothing gets an empty range); an interval row drops its mask. A row whose chunk bits can
+// nothing gets an empty range); an interval row drops its bool mask. A row whose chunk bits can
 // save work gets them in row.chunks. Updates the union [*klo, *khi).
 template <typename T, typename S>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
@@ -196,7 +259,7 @@ inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const 
     const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
     row.lo = imax(row.lo, int64_t(s[kSumFirst]));
     row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
-    if (s[kSumInterval]) row.bmask = nullptr;
+    if (s[kSumInterval] && !sum.is_float) row.bmask = nullptr;
     row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
     if (row.lo < row.hi) {
       lo_all = imin(lo_all, row.lo);

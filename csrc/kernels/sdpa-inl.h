@@ -148,18 +148,24 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     T* s = sc.s + r * kt_ld;
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
+    // Run bounds are read into locals before each loop: vstore is a memcpy, which may
+    // alias seg_a/seg_b, so bounds read through them would be reloaded every iteration.
     auto zero = [&] {
-      for (int64_t g = 0; g < nseg; ++g)
-        for (int64_t j = sa(g); j < se(g, w); ++j) s[j] = T(0);
+      for (int64_t g = 0; g < nseg; ++g) {
+        const int64_t a = sa(g), e = se(g, w);
+        for (int64_t j = a; j < e; ++j) s[j] = T(0);
+      }
     };
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
       zero();
       continue;
     }
     if (softcap) {
-      for (int64_t g = 0; g < nseg; ++g)
-        for (int64_t j = sa(g); j < se(g, w); j += L)
+      for (int64_t g = 0; g < nseg; ++g) {
+        const int64_t a = sa(g), e = se(g, w);
+        for (int64_t j = a; j < e; j += L)
           vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
+      }
     }
     if (row.chunks) {
       for (int64_t g = 0; g < nseg; ++g) mask_row_chunked(p, row, kb, jlo, jhi, sa(g), se(g, w), s);
@@ -176,7 +182,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
         const V x = alibi_row_max(*row.slope, kb + sa(g) - row.diag, se(g, w) - sa(g), s + sa(g));
         vmax = x > vmax ? x : vmax;
       } else {
-        for (int64_t j = sa(g); j < se(g, w); j += L) {
+        const int64_t a = sa(g), e = se(g, w);
+        for (int64_t j = a; j < e; j += L) {
           const V x = vload(s + j);
           vmax = x > vmax ? x : vmax;
         }
@@ -200,12 +207,14 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       continue;
     }
     V vsum = V{};
-    for (int64_t g = 0; g < nseg; ++g)
-      for (int64_t j = sa(g); j < se(g, w); j += L) {
+    for (int64_t g = 0; g < nseg; ++g) {
+      const int64_t a = sa(g), b = se(g, w);  // locals: vstore may alias seg_a/seg_b
+      for (int64_t j = a; j < b; j += L) {
         const V e = softmax_exp_vec(vload(s + j), m_new);
         vstore(s + j, e);
         vsum += e;
       }
+    }
     softmax_rescale_add(m_old, m_new, reduce_add<T>(vsum), sc.acc + (r0 + r) * Eva, Ev,
                         &sc.l[r0 + r]);
     sc.m[r0 + r] = m_new;

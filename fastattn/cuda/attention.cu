@@ -298,7 +298,11 @@ __global__ void __launch_bounds__(kThreads)
           if (visible && bmask_g) visible = bmask_g[i * m_row + j * m_col] != 0;
           Acc x = s[t] * score_scale;
           if (cap > Acc(0)) x = cap * tanh_of(x / cap);
-          if (visible && fmask_g) x += fmask_g[i * m_row + j * m_col];
+          if (visible && fmask_g) {  // a -inf entry removes the key, as False does
+            const Acc f = fmask_g[i * m_row + j * m_col];
+            visible = f != neg_inf;
+            x += f;
+          }
           s[t] = visible ? x : neg_inf;
         }
 

@@ -143,6 +143,21 @@ def test_sdpa_nan_handling(run):
     assert np.isfinite(got[0][1]).all()
 
 
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_sdpa_nonfinite_key_under_neginf_is_removed(run, poison):
+    """A -inf float-mask entry removes its key as False does (docs/semantics.md#float-mask):
+    a NaN/inf key row reaches only the rows whose mask keeps it."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 6, 4))
+    k = rng.standard_normal((2, 9, 4))
+    v = rng.standard_normal((2, 9, 3))
+    k[:, 5, 2] = poison
+    fmask = rng.standard_normal((6, 9))
+    fmask[:4, 5] = -np.inf  # rows 0-3 hide key 5, rows 4-5 keep it
+    got, _ = check_sdpa(run, q, k, v, {"attn_mask": fmask}, True, True)
+    assert np.isfinite(got[0][:, :4]).all()
+
+
 @pytest.mark.parametrize(
     "shapes",
     [

@@ -159,6 +159,33 @@ def test_long_keys_chunked_causal_skips_blocks(client):
     assert parts(lazy) == 2 * (7 + 8)
 
 
+def test_float_mask_neginf_removes_nonfinite_keys(isa):
+    """A -inf float-mask entry removes its key as False does (docs/semantics.md#float-mask),
+    chunk by chunk as on NumPy: NaN keys under -inf reach no row."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 96, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 160, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 160, 16)).astype(np.float32)
+    k[:, 100:110] = np.nan
+    fmask = rng.standard_normal((96, 160)).astype(np.float32)
+    fmask[:, 100:110] = -np.inf
+    fmask[60:, :] = -np.inf  # rows that keep nothing: 0
+    want = fastattn.scaled_dot_product_attention(q, k, v, attn_mask=fmask, is_causal=True)
+    assert np.isfinite(want).all()
+    got = fastattn.scaled_dot_product_attention(
+        da.from_array(q, chunks=(1, 32, 16)),
+        da.from_array(k, chunks=(1, 64, 16)),
+        da.from_array(v, chunks=(1, 64, 16)),
+        attn_mask=da.from_array(fmask, chunks=(32, 64)),
+        is_causal=True,
+    ).compute(scheduler="threads")
+    assert np.isfinite(got).all()
+    clean = k.copy()
+    clean[:, 100:110] = 0
+    ref = reference.scaled_dot_product_attention(q, clean, v, attn_mask=fmask, is_causal=True)
+    _close(got, ref, np.float32, reference_check=True)
+
+
 def test_merge_attention_states_on_dask(client):
     rng = np.random.default_rng(1)
     outs = [rng.standard_normal((3, 20, 8)) for _ in range(3)]
