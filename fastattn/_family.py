@@ -30,6 +30,7 @@ from fastattn._prepare import (
     kernel_ready,
     pack,
     result_buffer,
+    sdpa_storage_dtype,
     shared_options,
     softmax_masks,
     to_batch,
@@ -149,12 +150,15 @@ def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, i
 def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     """Prepare, run the additive kernel, finish: additive_attention and
     attention(score="additive")."""
+    # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
+    # the projection weights are in the compute dtype.
     dtype, batch = args.compute_dtype, args.batch
-    q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, dtype), batch)
-    v = to_batch(kernel_ready(args.value, dtype), batch)
+    storage = sdpa_storage_dtype(args)
+    q = to_batch(kernel_ready(args.query, storage), batch)
+    k = to_batch(kernel_ready(args.key, storage), batch)
+    v = to_batch(kernel_ready(args.value, storage), batch)
     wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
-    result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
+    result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
 
     _core.additive(
