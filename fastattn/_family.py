@@ -634,13 +634,15 @@ def nadaraya_watson(
         )
 
     dtype = ra.compute_dtype
+    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
+    storage = ra.result_dtype if is_16bit_float(ra.result_dtype) else dtype
     # (batch..., 1, L, D): one head
     xq, xk, y = (
-        to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
+        to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]
         for a in (ra.x_query, ra.x_keys, ra.y_values)
     )
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
-    result = np.empty(ra.batch + (1, lq, dy), dtype)
+    result = np.empty(ra.batch + (1, lq, dy), storage)
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
 
     _core.nadaraya_watson(

@@ -204,3 +204,54 @@ def test_additive_no_float32_copy(name):
     ws = [rng.standard_normal(s).astype(dtype) for s in ((32, 8), (32, 8), (8,))]
     _peak_below_f32_query(lambda: fastattn.additive_attention(q, k, v, *ws), q)
 
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    batch=st.sampled_from([(), (3,)]),
+    lq=st.integers(1, 20),
+    lk=st.integers(2, 150),  # silverman needs two keys
+    dx=st.sampled_from([1, 2, 5]),
+    dy=st.sampled_from([1, 3, 20]),
+    kernel=st.sampled_from(["gaussian", "boxcar", "triangular", "epanechnikov"]),
+    bandwidth=st.sampled_from([0.5, 2.0, "silverman"]),
+    weights=st.booleans(),
+)
+def test_nadaraya_watson_widened_equals_float32_call_rounded(
+    isa, name, seed, batch, lq, lk, dx, dy, kernel, bandwidth, weights
+):
+    rng = np.random.default_rng(seed)
+    dtype = _lowp(name)
+    xq = rng.standard_normal(batch + (lq, dx)).astype(dtype)
+    xk = rng.standard_normal(batch + (lk, dx)).astype(dtype)
+    y = rng.standard_normal(batch + (lk, dy)).astype(dtype)
+    kw = {"kernel": kernel, "bandwidth": bandwidth, "return_weights": weights}
+    want = fastattn.nadaraya_watson(*(a.astype(np.float32) for a in (xq, xk, y)), **kw)
+    want = want if isinstance(want, tuple) else (want, None)
+    _check_all(
+        lambda **extra: fastattn.nadaraya_watson(xq, xk, y, **kw, **extra),
+        want,
+        dtype,
+        batch + (lq, dy),
+        _weights_dtype(dtype),
+    )
+    if kernel == "gaussian":  # and near the float64 twin
+        ref = fastattn.reference.nadaraya_watson(
+            *(a.astype(np.float64) for a in (xq, xk, y)), kernel=kernel, bandwidth=bandwidth
+        )
+        got = fastattn.nadaraya_watson(xq, xk, y, kernel=kernel, bandwidth=bandwidth)
+        eps = np.finfo(np.float16).eps if name == "float16" else 2.0**-7
+        scale_y = np.abs(y.astype(np.float64)).max()
+        np.testing.assert_allclose(got.astype(np.float64), ref, atol=4 * eps * scale_y, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_nadaraya_watson_no_float32_copy(name):
+    dtype = _lowp(name)
+    rng = np.random.default_rng(5)
+    xq = rng.standard_normal((64, 4096, 16)).astype(dtype)
+    xk = rng.standard_normal((64, 64, 16)).astype(dtype)
+    y = rng.standard_normal((64, 64, 16)).astype(dtype)
+    _peak_below_f32_query(lambda: fastattn.nadaraya_watson(xq, xk, y), xq)
+
