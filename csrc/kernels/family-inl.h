@@ -41,13 +41,17 @@ inline T quiet_nan() {
 }
 
 // x[0:n) widened from its storage type S into buf (a 16-bit float: computed in float32), or x
-// itself when it is stored as T.
+// itself when it is stored as T. A whole vector at a time (one conversion instruction where
+// the ISA has one), exactly as widen.
 template <typename T, typename S>
 inline const T* widened_row(const S* x, int64_t n, T* buf) {
   if constexpr (std::is_same_v<S, T>) {
     return x;
   } else {
-    for (int64_t i = 0; i < n; ++i) buf[i] = widen<T>(x[i]);
+    constexpr int L = kLanes<T>;
+    int64_t i = 0;
+    for (; i + L <= n; i += L) vstore(buf + i, vload_wide<T>(x + i));
+    for (; i < n; ++i) buf[i] = widen<T>(x[i]);
     return buf;
   }
 }
@@ -222,8 +226,7 @@ inline const T* value_block(const S* v, int64_t row_stride, int64_t n, int64_t d
     *stride = row_stride;
     return v;
   } else {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t c = 0; c < dv; ++c) buf[j * dv + c] = widen<T>(v[j * row_stride + c]);
+    for (int64_t j = 0; j < n; ++j) widened_row(v + j * row_stride, dv, buf + j * dv);
     *stride = dv;
     return buf;
   }
