@@ -30,6 +30,7 @@ from fastattn._prepare import (
     kernel_ready,
     pack,
     result_buffer,
+    sdpa_storage_dtype,
     shared_options,
     softmax_masks,
     to_batch,
@@ -149,12 +150,15 @@ def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, i
 def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     """Prepare, run the additive kernel, finish: additive_attention and
     attention(score="additive")."""
+    # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
+    # the projection weights are in the compute dtype.
     dtype, batch = args.compute_dtype, args.batch
-    q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, dtype), batch)
-    v = to_batch(kernel_ready(args.value, dtype), batch)
+    storage = sdpa_storage_dtype(args)
+    q = to_batch(kernel_ready(args.query, storage), batch)
+    k = to_batch(kernel_ready(args.key, storage), batch)
+    v = to_batch(kernel_ready(args.value, storage), batch)
     wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
-    result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
+    result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
     normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
 
     _core.additive(
@@ -306,18 +310,20 @@ def additive_attention(
     return _additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
-def _dot_operands(spec, threads):
+def _dot_operands(spec, threads, storage):
     """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
     normalises the rows of q and k, general projects q by W, gaussian adds the per-key
     bias -||k||^2 / (2 h^2) to the float mask (broadcast along the rows, zero-copy; the
-    -||q||^2 term is constant along a row and cancels in every normaliser)."""
+    -||q||^2 term is constant along a row and cancels in every normaliser). ``storage``: the
+    dtype of plain dot-product q and k (a 16-bit float the kernel widens, or the compute
+    dtype)."""
     args = spec.args
     dtype = args.compute_dtype
     if spec.score == "cosine":
         q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
         k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
     else:
-        q, k = kernel_ready(args.query, dtype), kernel_ready(args.key, dtype)
+        q, k = kernel_ready(args.query, storage), kernel_ready(args.key, storage)
     if spec.score == "general":
         q = project(q, spec.weight, dtype, threads)
     bool_mask, float_mask, lens = attention_masks(args)
@@ -513,10 +519,15 @@ def attention(
             args, spec.additive, spec.normalize, spec.top_k, want_weights, out, threads
         )
 
-    q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads)
-    v = to_batch(kernel_ready(args.value, args.compute_dtype), args.batch)
-    result, in_place, _, weights = attention_buffers(args, out, False, want_weights)
     normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
+    # Hardmax/top-k over plain dot products read float16/bfloat16 as stored (the select
+    # kernel widens them); the softmax keeps its float32 copy, so that its results stay
+    # those of the float32 SDPA kernel (bfloat16 SDPA would round P).
+    plain = normalizer == 1 and spec.score in ("dot", "scaled_dot")
+    storage = sdpa_storage_dtype(args) if plain else args.compute_dtype
+    q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads, storage)
+    v = to_batch(kernel_ready(args.value, storage), args.batch)
+    result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
 
     shared = shared_options(args, threads, (bool_mask, float_mask, lens))
     if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
@@ -630,13 +641,15 @@ def nadaraya_watson(
         )
 
     dtype = ra.compute_dtype
+    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
+    storage = ra.result_dtype if is_16bit_float(ra.result_dtype) else dtype
     # (batch..., 1, L, D): one head
     xq, xk, y = (
-        to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
+        to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]
         for a in (ra.x_query, ra.x_keys, ra.y_values)
     )
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
-    result = np.empty(ra.batch + (1, lq, dy), dtype)
+    result = np.empty(ra.batch + (1, lq, dy), storage)
     weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
 
     _core.nadaraya_watson(

@@ -18,7 +18,10 @@ void require_float(const ArrayRef& a, int64_t itemsize, const char* fn, const ch
 
 FamilyParams family_params(const FamilyCall& c, const char* fn, bool same_dims) {
   FamilyParams p;
-  check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p);
+  // A float16/bfloat16 query (then key, value, out alike) is read as stored and widened in
+  // the kernel; only then is storage allowed, so an int8 key stays a dtype error here.
+  check_attention(c, fn, same_dims ? "key and query feature sizes differ" : nullptr, &p,
+                  /*storage_ok=*/storage_of(c.query) != Storage::kCompute);
   require(!c.alibi.present(), fn, "ALiBi slopes are an option of sdpa only");
   require(!c.lse.present(), fn, "the family kernels write no lse");  // a shared binding argument
   return p;
@@ -91,7 +94,8 @@ void additive_attention(const FamilyCall& c) {
   const char* fn = "additive";
   FamilyParams p = family_params(c, fn, false);
   set_normalizer(p, c, fn);
-  const int64_t itemsize = c.query.itemsize;
+  // The projection weights are in the compute dtype (float32 for 16-bit storage).
+  const int64_t itemsize = p.storage == Storage::kCompute ? c.query.itemsize : 4;
   for (const ArrayRef* a : {&c.w_q, &c.w_k, &c.w_v}) {
     require(a->present() && a->kind == 'f' && a->itemsize == itemsize && is_contiguous(*a), fn,
             "w_q, w_k, w_v must be C-contiguous arrays of the query's dtype");
@@ -108,7 +112,7 @@ void additive_attention(const FamilyCall& c) {
   p.w_v = c.w_v.data;
   const KernelTable& kernels = active_kernels();
   const bool ok =
-      itemsize == 4 ? kernels.additive_attention_f32(p) : kernels.additive_attention_f64(p);
+      itemsize == 8 ? kernels.additive_attention_f64(p) : kernels.additive_attention_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -119,7 +123,7 @@ void select_attention(const FamilyCall& c) {
   require(p.normalizer == Normalizer::kSelect, fn, "the select kernel needs normalizer 1");
   const KernelTable& kernels = active_kernels();
   const bool ok =
-      c.query.itemsize == 4 ? kernels.select_attention_f32(p) : kernels.select_attention_f64(p);
+      c.query.itemsize == 8 ? kernels.select_attention_f64(p) : kernels.select_attention_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 
@@ -146,7 +150,7 @@ void nadaraya_watson(const FamilyCall& c) {
   p.bandwidth.data = c.bandwidth.data;
   const KernelTable& kernels = active_kernels();
   const bool ok =
-      c.query.itemsize == 4 ? kernels.nadaraya_watson_f32(p) : kernels.nadaraya_watson_f64(p);
+      c.query.itemsize == 8 ? kernels.nadaraya_watson_f64(p) : kernels.nadaraya_watson_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

@@ -56,7 +56,8 @@ struct AdditiveScores {
 
   void layout(Arena&, int64_t, int64_t) {}
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     qp = sh.qp + ((t.c.b * p.num_heads_q + t.c.h0) * p.len_q + t.c.i0) * p.hidden;
     kp = sh.kp + (t.c.b * p.num_heads_kv + t.c.hk) * sh.kp_stride;
   }
@@ -97,7 +98,8 @@ struct AdditiveScores {
 
   // kb is a multiple of the column tile (the driver aligns it), so column c of the block
   // starts panel (kb + c) / L.
-  void block(const Task<T>& t, int64_t kb, int64_t, int64_t ncols, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t, int64_t ncols, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int RT = kRowTile, L = kLanes<T>;
     const int64_t H = p.hidden;
@@ -119,15 +121,15 @@ struct AdditiveScores {
   }
 };
 
-// The driver for one score path and the call's normaliser.
-template <typename T, bool kExp>
+// The driver for one score path and the call's normaliser (q/k/v/out stored as S).
+template <typename T, bool kExp, typename S>
 bool additive_run(const FamilyParams& p, const typename AdditiveScores<T, kExp>::Shared& sh) {
   // The score loop dominates: small query blocks balance the threads; a key block of a few
   // hundred keys keeps its panels (hidden x 256 values) in L2.
   const int64_t block_q = 16, block_k = 256;
   if (p.normalizer == Normalizer::kSelect)
-    return run_family<T, AdditiveScores<T, kExp>, SelectTopK<T>>(p, sh, block_q, block_k);
-  return run_family<T, AdditiveScores<T, kExp>, OnlineSoftmax<T>>(p, sh, block_q, block_k);
+    return run_family<T, AdditiveScores<T, kExp>, SelectTopK<T>, S>(p, sh, block_q, block_k);
+  return run_family<T, AdditiveScores<T, kExp>, OnlineSoftmax<T>, S>(p, sh, block_q, block_k);
 }
 
 template <typename T>
@@ -153,7 +155,9 @@ inline bool all_within(const T* x, int64_t n, T limit) {
   return ok;
 }
 
-template <typename T>
+// q/k/v/out stored as S (T, or a 16-bit float: each query and key row widened as it is
+// projected, values as the driver reads them); w_q, w_k, w_v in T.
+template <typename T, typename S = T>
 bool additive_attention(const FamilyParams& p) {
   int64_t batch = 1;
   for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
@@ -209,7 +213,9 @@ bool additive_attention(const FamilyParams& p) {
 #pragma omp parallel num_threads(threads) reduction(&& : in_range)
     {
       T* row = alloc_values<T>(H);
-      if (!row) {
+      // A query or key row widened from S (unused when stored as T).
+      T* wide = std::is_same_v<S, T> ? nullptr : alloc_values<T>(imax(p.dim_q, p.dim_k));
+      if (!row || (!std::is_same_v<S, T> && !wide)) {
 #pragma omp atomic write
         ok = false;
       }
@@ -221,18 +227,19 @@ bool additive_attention(const FamilyParams& p) {
           coord[d] = rest % p.batch_shape[d];
           rest /= p.batch_shape[d];
         }
-        const T* x = static_cast<const T*>(p.q.data) +
+        if (!std::is_same_v<S, T> && !wide) continue;
+        const S* x = static_cast<const S*>(p.q.data) +
                      batch_offset(p.q.batch_stride, coord, p.batch_ndim) + h * p.q.head_stride +
                      i * p.q.row_stride;
         T* out = qp + r * H;
-        project_row(x, p.dim_q, wq, H, out);
+        project_row(widened_row(x, p.dim_q, wide), p.dim_q, wq, H, out);
         in_range = in_range && all_within(out, H, lim);
         std::memcpy(qe + r * H, out, size_t(H) * sizeof(T));
         exp2x_inplace(qe + r * H, H);
       }
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < k_rows; ++r) {
-        if (!row) continue;
+        if (!row || (!std::is_same_v<S, T> && !wide)) continue;
         const int64_t j = r % lk_pad, bh = r / lk_pad, h = bh % p.num_heads_kv;
         const int64_t at = bh * kp_stride + j / L * H * L + j % L;
         if (j >= kv_len[bh]) {  // never read: zero (e^0 = 1), masked by the driver
@@ -246,16 +253,17 @@ bool additive_attention(const FamilyParams& p) {
           coord[d] = rest % p.batch_shape[d];
           rest /= p.batch_shape[d];
         }
-        const T* x = static_cast<const T*>(p.k.data) +
+        const S* x = static_cast<const S*>(p.k.data) +
                      batch_offset(p.k.batch_stride, coord, p.batch_ndim) + h * p.k.head_stride +
                      j * p.k.row_stride;
-        project_row(x, p.dim_k, wk, H, row);
+        project_row(widened_row(x, p.dim_k, wide), p.dim_k, wk, H, row);
         in_range = in_range && all_within(row, H, lim);
         for (int64_t c = 0; c < H; ++c) kp[at + c * L] = row[c];
         exp2x_inplace(row, H);
         for (int64_t c = 0; c < H; ++c) ke[at + c * L] = row[c];
       }
       std::free(row);
+      std::free(wide);
     }
   }
   if (ok) {
@@ -273,14 +281,14 @@ bool additive_attention(const FamilyParams& p) {
       sh.kp_stride = kp_stride;
       sh.w = w2;
       sh.w_sum = w_sum;
-      ok = additive_run<T, true>(p, sh);
+      ok = additive_run<T, true, S>(p, sh);
     } else {
       typename AdditiveScores<T, false>::Shared sh;
       sh.qp = qp;
       sh.kp = kp;
       sh.kp_stride = kp_stride;
       sh.w = w2;
-      ok = additive_run<T, false>(p, sh);
+      ok = additive_run<T, false, S>(p, sh);
     }
   }
   std::free(qp);
@@ -307,8 +315,16 @@ bool project(const ProjectParams& p) {
 
 }  // namespace family
 
+// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool additive_attention_f32(const FamilyParams& params) {
-  return family::additive_attention<float>(params);
+  switch (params.storage) {
+    case Storage::kF16:
+      return family::additive_attention<float, Half>(params);
+    case Storage::kBF16:
+      return family::additive_attention<float, BFloat16>(params);
+    default:
+      return family::additive_attention<float>(params);
+  }
 }
 bool additive_attention_f64(const FamilyParams& params) {
   return family::additive_attention<double>(params);

@@ -24,6 +24,7 @@
 #include "kernels/driver-inl.h"
 #include "kernels/online_softmax-inl.h"
 #include "kernels/row_bias-inl.h"
+#include "simd/convert-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -37,6 +38,22 @@ inline T neg_inf() {
 template <typename T>
 inline T quiet_nan() {
   return T(__builtin_nan(""));
+}
+
+// x[0:n) widened from its storage type S into buf (a 16-bit float: computed in float32), or x
+// itself when it is stored as T. A whole vector at a time (one conversion instruction where
+// the ISA has one), exactly as widen.
+template <typename T, typename S>
+inline const T* widened_row(const S* x, int64_t n, T* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    return x;
+  } else {
+    constexpr int L = kLanes<T>;
+    int64_t i = 0;
+    for (; i + L <= n; i += L) vstore(buf + i, vload_wide<T>(x + i));
+    for (; i < n; ++i) buf[i] = widen<T>(x[i]);
+    return buf;
+  }
 }
 
 // out[0:dout) = x[0:din) @ w, w C-contiguous (din, dout); the sum runs over d in order.
@@ -74,9 +91,9 @@ inline void project_row(const T* x, int64_t din, const T* w, int64_t dout, T* ou
 }
 
 // A task as the driver sets it up (one query head per task here), with per row the
-// visible columns of the current key block.
-template <typename T>
-struct Task : TaskView<T> {
+// visible columns of the current key block. S: the storage type of q/k/v/out.
+template <typename T, typename S = T>
+struct Task : TaskView<T, S, S> {
   int64_t* jlo = nullptr;  // per row, current block: visible columns [jlo, jhi)
   int64_t* jhi = nullptr;
   uint8_t* active = nullptr;  // per row, current block: jlo < jhi
@@ -84,10 +101,10 @@ struct Task : TaskView<T> {
 
 // Whether some row of the task sees a key of [kb, kb + n) that its bool mask's summary
 // (mask_summary-inl.h) leaves visible; a row without chunk bits sees its whole range.
-template <typename T>
-inline bool block_seen(const RowRef<T>* rows, int64_t nrows, int64_t kb, int64_t n) {
+template <typename T, typename S>
+inline bool block_seen(const RowRef<T, S>* rows, int64_t nrows, int64_t kb, int64_t n) {
   for (int64_t r = 0; r < nrows; ++r) {
-    const RowRef<T>& row = rows[r];
+    const RowRef<T, S>& row = rows[r];
     const int64_t lo = imax(row.lo, kb), hi = imin(row.hi, kb + n);
     if (lo >= hi) continue;
     if (!row.chunks) return true;
@@ -103,7 +120,8 @@ inline bool block_seen(const RowRef<T>* rows, int64_t nrows, int64_t kb, int64_t
 // narrowed to the keys it leaves visible and a block no row sees is skipped whole. Exact
 // for the normalisers that take masks (softmax, top-k): a hidden key scores -inf, whose
 // probability is exactly 0 and which no heap keeps, so skipping it changes nothing else.
-template <typename T, typename Scores, typename Norm>
+// S: the storage type of q/k/v/out (T, or a 16-bit float widened where it is read).
+template <typename T, typename Scores, typename Norm, typename S = T>
 struct FamilyEngine {
   using Params = FamilyParams;
   using Shared = typename Scores::Shared;
@@ -113,7 +131,7 @@ struct FamilyEngine {
   const Plan& plan;
   Scores sc;
   Norm nm;
-  Task<T> t;
+  Task<T, S> t;
   T* s = nullptr;  // max_rows (rounded up to kRowTile) x block_k scores
 
   FamilyEngine(const FamilyParams& params, const Plan& pl, const Shared& shared)
@@ -129,20 +147,20 @@ struct FamilyEngine {
     nm.layout(a, rows, ld);
   }
 
-  void begin(const TaskView<T>& tv) {
-    static_cast<TaskView<T>&>(t) = tv;
+  void begin(const TaskView<T, S, S>& tv) {
+    static_cast<TaskView<T, S, S>&>(t) = tv;
     for (int64_t r = 0; r < t.nrows; ++r)
       if (t.rows[r].weights) std::memset(t.rows[r].weights, 0, size_t(p.len_k) * sizeof(T));
     sc.begin(t);
     nm.begin(t);
   }
 
-  void block(const TaskView<T>&, int64_t kb, int64_t n) {
+  void block(const TaskView<T, S, S>&, int64_t kb, int64_t n) {
     const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
     if (!block_seen(t.rows, t.nrows, kb, n)) {
       // Hidden from every row: the weights in the rows' ranges keep the masked score -inf.
       for (int64_t r = 0; r < t.nrows; ++r) {
-        const RowRef<T>& row = t.rows[r];
+        const RowRef<T, S>& row = t.rows[r];
         if (row.weights)
           for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
             row.weights[j] = neg_inf<T>();
@@ -152,7 +170,7 @@ struct FamilyEngine {
     sc.block(t, kb, n, ncols, s, ld);
     for (int64_t r = 0; r < t.nrows; ++r) {
       T* sr = s + r * ld;
-      const RowRef<T>& row = t.rows[r];
+      const RowRef<T, S>& row = t.rows[r];
       const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
       t.jlo[r] = jlo;
       t.jhi[r] = jhi;
@@ -167,12 +185,12 @@ struct FamilyEngine {
     nm.block(t, kb, n, ncols, s, ld);
   }
 
-  void finish(const TaskView<T>&) { nm.finish(t); }
+  void finish(const TaskView<T, S, S>&) { nm.finish(t); }
 };
 
 // Runs a family kernel: tasks of one query head x block_q rows, keys in blocks of block_k
 // (rounded to whole column tiles). False if a thread's scratch could not be allocated.
-template <typename T, typename Scores, typename Norm>
+template <typename T, typename Scores, typename Norm, typename S = T>
 bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, int64_t block_q,
                 int64_t block_k) {
   const int64_t batch = batch_count(p);
@@ -182,7 +200,7 @@ bool run_family(const FamilyParams& p, const typename Scores::Shared& shared, in
   plan.block_q = imax(1, imin(block_q, p.len_q));
   plan.block_k = round_up(imax(block_k, 1), kColTile<T>);
   plan_tasks(p, batch, &plan);
-  return run_blocked<T, FamilyEngine<T, Scores, Norm>, false>(p, plan, shared);
+  return run_blocked<T, FamilyEngine<T, Scores, Norm, S>, false, S, S>(p, plan, shared);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -197,6 +215,27 @@ inline bool block_finite(const T* v, int64_t n, int64_t v_row_stride, int64_t dv
     for (int64_t c = 0; c < dv; ++c) ok &= (vr[c] - vr[c] == T(0));  // false for inf, NaN
   }
   return ok;
+}
+
+// The value block [kb, kb + n) in T: v itself when stored as T, else widened into buf
+// (n x dv, row stride dv) once per block, so that P V runs the compute type's code.
+template <typename T, typename S>
+inline const T* value_block(const S* v, int64_t row_stride, int64_t n, int64_t dv, T* buf,
+                            int64_t* stride) {
+  if constexpr (std::is_same_v<S, T>) {
+    *stride = row_stride;
+    return v;
+  } else {
+    for (int64_t j = 0; j < n; ++j) widened_row(v + j * row_stride, dv, buf + j * dv);
+    *stride = dv;
+    return buf;
+  }
+}
+
+// The scratch value_block needs for a key block of ld keys (none for values stored as T).
+template <typename T>
+inline T* take_value_block(Arena& a, const FamilyParams& p, int64_t ld) {
+  return p.storage == Storage::kCompute ? nullptr : a.take<T>(ld * imax(p.dim_v, 1));
 }
 
 // Values per row below which P V runs as dot products over the keys (the value block
@@ -269,6 +308,7 @@ struct OnlineSoftmax {
   T* l = nullptr;
   T* acc = nullptr;
   T* vt = nullptr;
+  T* vw = nullptr;  // a widened value block (16-bit values)
   int64_t* zeros = nullptr;
 
   explicit OnlineSoftmax(const FamilyParams& params, T empty_value = T(0))
@@ -279,10 +319,12 @@ struct OnlineSoftmax {
     l = a.take<T>(block_q);
     acc = a.take<T>(block_q * imax(p.dim_v, 1));
     vt = a.take<T>(kNarrowValues<T> * ld);
+    vw = take_value_block<T>(a, p, ld);
     zeros = a.take<int64_t>(block_q);
   }
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
       m[r] = neg_inf<T>();
       l[r] = T(0);
@@ -290,7 +332,8 @@ struct OnlineSoftmax {
     std::memset(acc, 0, size_t(t.nrows * p.dim_v) * sizeof(T));
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int L = kLanes<T>;
     const T ninf = neg_inf<T>();
@@ -328,20 +371,22 @@ struct OnlineSoftmax {
       softmax_rescale_add(m_old, m_new, reduce_add<T>(vsum), acc + r * p.dim_v, p.dim_v, &l[r]);
       m[r] = m_new;
     }
-    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
-                  p.dim_v, acc, vt);
+    int64_t vs;
+    const T* vb = value_block(t.refs.v + kb * p.v.row_stride, p.v.row_stride, n, p.dim_v, vw, &vs);
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, vb, vs, p.dim_v, acc, vt);
   }
 
-  void finish(const Task<T>& t) {
+  template <typename S>
+  void finish(const Task<T, S>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const RowRef<T>& row = t.rows[r];
-      T* o = row.out;
+      const RowRef<T, S>& row = t.rows[r];
+      S* o = row.out;
       const bool is_empty = m[r] == neg_inf<T>();
       T alpha = T(1);  // a sink joins the sum as a key of value 0 (see row_bias-inl.h)
       if (row.sink) fold_sink(*row.sink, &m[r], &l[r], &alpha);
       const T inv = is_empty ? T(0) : alpha / l[r];  // alpha = 1 without a sink: 1 / l exactly
       const T* a = acc + r * p.dim_v;
-      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = is_empty ? empty : a[c] * inv;
+      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = narrow<S>(is_empty ? empty : a[c] * inv);
       // A NaN row (a NaN or +inf score, a NaN sink, or a NaN `empty`) has NaN weights
       // throughout, as the other kernels and the reference give them.
       const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);
@@ -370,6 +415,7 @@ struct SelectTopK {
   int64_t* hn = nullptr;  // heap sizes
   uint8_t* nan = nullptr;
   T* w = nullptr;  // k weights (finish)
+  T* o = nullptr;  // one output row (finish), rounded to the storage type as it is stored
 
   explicit SelectTopK(const FamilyParams& params)
       : p(params), k(imax(1, params.hardmax ? 1 : params.top_k)) {}
@@ -380,9 +426,11 @@ struct SelectTopK {
     hn = a.take<int64_t>(block_q);
     nan = a.take<uint8_t>(block_q);
     w = a.take<T>(k);
+    o = a.take<T>(imax(p.dim_v, 1));
   }
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
       hn[r] = 0;
       nan[r] = 0;
@@ -422,7 +470,8 @@ struct SelectTopK {
     j[c] = key;
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t, int64_t, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t, int64_t, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int L = kLanes<T>;
     const T ninf = neg_inf<T>();
@@ -460,10 +509,11 @@ struct SelectTopK {
     }
   }
 
-  void finish(const Task<T>& t) {
+  template <typename S>
+  void finish(const Task<T, S>& t) {
     const int64_t dv = p.dim_v, Lk = p.len_k;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      T* o = t.rows[r].out;
+      S* out = t.rows[r].out;
       T* wrow = t.rows[r].weights;
       const T* rs = hs + r * k;
       const int64_t* rj = hj + r * k;
@@ -480,27 +530,31 @@ struct SelectTopK {
         bad = sum != sum;  // +inf scores: inf - inf
       }
       if (bad) {
-        for (int64_t c = 0; c < dv; ++c) o[c] = quiet_nan<T>();
+        for (int64_t c = 0; c < dv; ++c) out[c] = narrow<S>(quiet_nan<T>());
         if (wrow)
           for (int64_t j = 0; j < Lk; ++j) wrow[j] = quiet_nan<T>();
         continue;
       }
-      for (int64_t c = 0; c < dv; ++c) o[c] = T(0);
-      if (size == 0) continue;  // nothing visible: output 0, weights 0
-      if (p.hardmax) {
-        const T* vr = t.refs.v + rj[0] * p.v.row_stride;
-        for (int64_t c = 0; c < dv; ++c) o[c] = vr[c];
+      if (size == 0) {  // nothing visible: output 0, weights 0
+        for (int64_t c = 0; c < dv; ++c) out[c] = narrow<S>(T(0));
+        continue;
+      }
+      if (p.hardmax) {  // the best key's value row, as stored
+        const S* vr = t.refs.v + rj[0] * p.v.row_stride;
+        for (int64_t c = 0; c < dv; ++c) out[c] = vr[c];
         if (wrow) wrow[rj[0]] = T(1);
         continue;
       }
+      for (int64_t c = 0; c < dv; ++c) o[c] = T(0);
       const T inv = T(1) / sum;
       for (int64_t e = 0; e < size; ++e) {
         const T we = w[e] * inv;
         if (wrow) wrow[rj[e]] = we;
         if (we == T(0)) continue;
-        const T* vr = t.refs.v + rj[e] * p.v.row_stride;
-        for (int64_t c = 0; c < dv; ++c) o[c] = vfma(we, vr[c], o[c]);
+        const S* vr = t.refs.v + rj[e] * p.v.row_stride;
+        for (int64_t c = 0; c < dv; ++c) o[c] = vfma(we, widen<T>(vr[c]), o[c]);
       }
+      for (int64_t c = 0; c < dv; ++c) out[c] = narrow<S>(o[c]);
     }
   }
 };
@@ -525,17 +579,19 @@ struct DotScores {
     kt = a.take<T>(imax(p.dim_q, 1) * ld);
   }
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     const T scale = T(p.scale);
     const int64_t E = p.dim_q, tile_rows = round_up(t.nrows, kRowTile);
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const T* qr = t.rows[r].q;
-      for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * qr[e];
+      const S* qr = t.rows[r].q;
+      for (int64_t e = 0; e < E; ++e) q[r * E + e] = scale * widen<T>(qr[e]);
     }
     std::memset(q + t.nrows * E, 0, size_t((tile_rows - t.nrows) * E) * sizeof(T));
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
     pack_keys(t.refs.k + kb * p.k.row_stride, p.k.row_stride, n, ncols, p.dim_q, kt);
     scores_tile(q, p.dim_q, kt, s, ld, round_up(t.nrows, kRowTile), ncols);
   }

@@ -51,23 +51,25 @@ struct DistanceScores {
     kt = a.take<T>(imax(p.dim_q, 1) * ld);
   }
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     const double h = task_bandwidth(p, t.refs.coord);
     c = p.kernel == RegressionKernel::kGaussian ? T(-0.5 / (h * h)) : T(-1);
     const int64_t D = p.dim_q;
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const T* qr = t.rows[r].q;
-      for (int64_t e = 0; e < D; ++e) q[r * D + e] = qr[e];
+      const S* qr = t.rows[r].q;
+      for (int64_t e = 0; e < D; ++e) q[r * D + e] = widen<T>(qr[e]);
     }
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int L = kLanes<T>;
     const int64_t D = p.dim_q;
-    for (int64_t j = 0; j < n; ++j) {
-      const T* kr = t.refs.k + (kb + j) * p.k.row_stride;
-      for (int64_t e = 0; e < D; ++e) kt[e * ld + j] = kr[e];
+    for (int64_t j = 0; j < n; ++j) {  // keys stored as S widened as they are transposed
+      const S* kr = t.refs.k + (kb + j) * p.k.row_stride;
+      for (int64_t e = 0; e < D; ++e) kt[e * ld + j] = widen<T>(kr[e]);
     }
     for (int64_t e = 0; e < D; ++e)
       for (int64_t j = n; j < ncols; ++j) kt[e * ld + j] = T(0);
@@ -99,6 +101,7 @@ struct KernelSum {
   T* l = nullptr;
   T* acc = nullptr;
   T* vt = nullptr;
+  T* vw = nullptr;  // a widened value block (16-bit values)
   int64_t* zeros = nullptr;
   T h = 1, h2 = 1;
 
@@ -108,10 +111,12 @@ struct KernelSum {
     l = a.take<T>(block_q);
     acc = a.take<T>(block_q * imax(p.dim_v, 1));
     vt = a.take<T>(kNarrowValues<T> * ld);
+    vw = take_value_block<T>(a, p, ld);
     zeros = a.take<int64_t>(block_q);
   }
 
-  void begin(const Task<T>& t) {
+  template <typename S>
+  void begin(const Task<T, S>& t) {
     const double bw = task_bandwidth(p, t.refs.coord);
     h = T(bw);
     h2 = T(bw * bw);
@@ -143,7 +148,8 @@ struct KernelSum {
     }
   }
 
-  void block(const Task<T>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
+  template <typename S>
+  void block(const Task<T, S>& t, int64_t kb, int64_t n, int64_t ncols, T* s, int64_t ld) {
     using V = typename VecOf<T>::type;
     constexpr int L = kLanes<T>;
     for (int64_t r = 0; r < t.nrows; ++r) {
@@ -166,18 +172,21 @@ struct KernelSum {
         std::memcpy(t.rows[r].weights + kb + t.jlo[r], sr + t.jlo[r],
                     size_t(t.jhi[r] - t.jlo[r]) * sizeof(T));
     }
-    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, t.refs.v + kb * p.v.row_stride, p.v.row_stride,
-                  p.dim_v, acc, vt);
+    int64_t vs;
+    const T* vb = value_block(t.refs.v + kb * p.v.row_stride, p.v.row_stride, n, p.dim_v, vw, &vs);
+    accumulate_pv(s, ld, t.nrows, n, ncols, zeros, vb, vs, p.dim_v, acc, vt);
   }
 
-  void finish(const Task<T>& t) {
+  template <typename S>
+  void finish(const Task<T, S>& t) {
     for (int64_t r = 0; r < t.nrows; ++r) {
-      const RowRef<T>& row = t.rows[r];
-      T* o = row.out;
+      const RowRef<T, S>& row = t.rows[r];
+      S* o = row.out;
       const bool undefined = !(l[r] > T(0));
       const T inv = undefined ? quiet_nan<T>() : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
-      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = undefined ? quiet_nan<T>() : a[c] * inv;
+      for (int64_t c = 0; c < p.dim_v; ++c)
+        o[c] = narrow<S>(undefined ? quiet_nan<T>() : a[c] * inv);
       if (row.weights) {
         T* w = row.weights;
         for (int64_t j = row.lo; j < row.hi; ++j) w[j] = undefined ? quiet_nan<T>() : w[j] * inv;
@@ -186,20 +195,29 @@ struct KernelSum {
   }
 };
 
-template <typename T>
+// x_query/x_keys/y_values/out stored as S (T, or a 16-bit float widened as it is read).
+template <typename T, typename S = T>
 bool nadaraya_watson(const FamilyParams& p) {
   const int64_t keys = 32 * 1024 / (imax(p.dim_q, 1) * int64_t(sizeof(T)));
   const int64_t block_k = imax(kColTile<T>, imin(512, keys / kColTile<T> * kColTile<T>));
   typename DistanceScores<T>::Shared sh;
   if (p.kernel == RegressionKernel::kGaussian)
-    return run_family<T, DistanceScores<T>, RegressionSoftmax<T>>(p, sh, 64, block_k);
-  return run_family<T, DistanceScores<T>, KernelSum<T>>(p, sh, 64, block_k);
+    return run_family<T, DistanceScores<T>, RegressionSoftmax<T>, S>(p, sh, 64, block_k);
+  return run_family<T, DistanceScores<T>, KernelSum<T>, S>(p, sh, 64, block_k);
 }
 
 }  // namespace family
 
+// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool nadaraya_watson_f32(const FamilyParams& params) {
-  return family::nadaraya_watson<float>(params);
+  switch (params.storage) {
+    case Storage::kF16:
+      return family::nadaraya_watson<float, Half>(params);
+    case Storage::kBF16:
+      return family::nadaraya_watson<float, BFloat16>(params);
+    default:
+      return family::nadaraya_watson<float>(params);
+  }
 }
 bool nadaraya_watson_f64(const FamilyParams& params) {
   return family::nadaraya_watson<double>(params);

@@ -11,7 +11,8 @@ namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace family {
 
-template <typename T>
+// q/k/v/out stored as S (T, or a 16-bit float widened as it is read).
+template <typename T, typename S = T>
 bool select_attention(const FamilyParams& p) {
   // Key blocks: the packed K^T block (dim x keys) stays about L1-sized.
   const int64_t keys = 32 * 1024 / (imax(p.dim_q, 1) * int64_t(sizeof(T)));
@@ -20,13 +21,21 @@ bool select_attention(const FamilyParams& p) {
   const int64_t k = imax(1, p.hardmax ? 1 : p.top_k);
   const int64_t block_q = imax(1, imin(64, (int64_t(1) << 16) / k));
   typename DotScores<T>::Shared sh;
-  return run_family<T, DotScores<T>, SelectTopK<T>>(p, sh, block_q, block_k);
+  return run_family<T, DotScores<T>, SelectTopK<T>, S>(p, sh, block_q, block_k);
 }
 
 }  // namespace family
 
+// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool select_attention_f32(const FamilyParams& params) {
-  return family::select_attention<float>(params);
+  switch (params.storage) {
+    case Storage::kF16:
+      return family::select_attention<float, Half>(params);
+    case Storage::kBF16:
+      return family::select_attention<float, BFloat16>(params);
+    default:
+      return family::select_attention<float>(params);
+  }
 }
 bool select_attention_f64(const FamilyParams& params) {
   return family::select_attention<double>(params);
