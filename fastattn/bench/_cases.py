@@ -622,6 +622,17 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
         )  # JAX's layout is (B, L, heads, E)
         work.candidates["jax"] = lambda: attend(jq, jk, jv).block_until_ready()
         work.to_numpy["jax"] = lambda a: np.swapaxes(np.asarray(a), 1, 2)
+    if (
+        work.dtype == "bfloat16"
+        and "openvino" in impls
+        and group == 1
+        and libs.engine("openvino") is not None
+    ):  # OpenVINO's bfloat16 SDPA (bf16 hint) on the same bfloat16 values, fed as float32
+        chosen = _anchors.openvino_bf16_runner(
+            *(a.astype(np.float32) for a in (q, k, v)), causal, libs.threads
+        )
+        work.candidates["openvino"], work.to_numpy["openvino"] = chosen.call, chosen.to_numpy
+        work.ops["openvino"] = {"op": chosen.op}
     for name in _anchors.ANCHORS:
         # float32 only: on float64 inputs both engines compute at float32 accuracy.
         if name in impls and dt == np.float32 and libs.engine(name) is not None:
