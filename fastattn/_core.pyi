@@ -83,7 +83,9 @@ def merge_states(
 ) -> None: ...
 
 # The fast path of scaled_dot_product_attention (see fastattn/_sdpa.py): the public
-# function's own arguments; the result, or None where the full path must run.
+# function's own arguments, in this order (called positionally: tests/sdpa/test_fast_call_order.py
+# holds the call site, this stub and the binding to it); the result, or None where the full path
+# must run.
 def sdpa_fast(
     query: object,
     key: object,
@@ -99,6 +101,8 @@ def sdpa_fast(
     return_weights: object,
     out: object,
     num_threads: object,
+    sinks: object,
+    alibi_slopes: object,
 ) -> NDArray[np.floating] | None: ...
 def set_thread_defaults(setting: int, cap: int, cpus: int, forked: bool) -> None: ...
 

@@ -634,8 +634,9 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
         work.candidates["openvino"], work.to_numpy["openvino"] = chosen.call, chosen.to_numpy
         work.ops["openvino"] = {"op": chosen.op}
     for name in _anchors.ANCHORS:
-        # float32 only: on float64 inputs both engines compute at float32 accuracy.
-        if name in impls and dt == np.float32 and libs.engine(name) is not None:
+        # float32 only: on float64 inputs both engines compute at float32 accuracy, and
+        # neither is handed int8 K/V (their ops would read the int8 arrays as values).
+        if name in impls and work.dtype == "float32" and libs.engine(name) is not None:
             chosen, seconds = _anchors.fastest(name, q, k, v, causal, libs.threads, probe)
             work.candidates[name], work.to_numpy[name] = chosen.call, chosen.to_numpy
             work.ops[name] = {"op": chosen.op, "probe_s": seconds}
