@@ -317,14 +317,9 @@ bool project(const ProjectParams& p) {
 
 // float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool additive_attention_f32(const FamilyParams& params) {
-  switch (params.storage) {
-    case Storage::kF16:
-      return family::additive_attention<float, Half>(params);
-    case Storage::kBF16:
-      return family::additive_attention<float, BFloat16>(params);
-    default:
-      return family::additive_attention<float>(params);
-  }
+  return with_float_storage(params.storage, [&](auto s) {
+    return family::additive_attention<float, decltype(s)>(params);
+  });
 }
 bool additive_attention_f64(const FamilyParams& params) {
   return family::additive_attention<double>(params);

@@ -182,14 +182,8 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
 }  // namespace softmax
 
 bool masked_softmax_f32(const MaskedSoftmaxParams& params) {
-  switch (params.storage) {
-    case Storage::kF16:
-      return softmax::masked_softmax<float, Half>(params);
-    case Storage::kBF16:
-      return softmax::masked_softmax<float, BFloat16>(params);
-    default:
-      return softmax::masked_softmax<float>(params);
-  }
+  return with_float_storage(
+      params.storage, [&](auto s) { return softmax::masked_softmax<float, decltype(s)>(params); });
 }
 bool masked_softmax_f64(const MaskedSoftmaxParams& params) {
   return softmax::masked_softmax<double>(params);

@@ -210,14 +210,8 @@ bool nadaraya_watson(const FamilyParams& p) {
 
 // float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool nadaraya_watson_f32(const FamilyParams& params) {
-  switch (params.storage) {
-    case Storage::kF16:
-      return family::nadaraya_watson<float, Half>(params);
-    case Storage::kBF16:
-      return family::nadaraya_watson<float, BFloat16>(params);
-    default:
-      return family::nadaraya_watson<float>(params);
-  }
+  return with_float_storage(
+      params.storage, [&](auto s) { return family::nadaraya_watson<float, decltype(s)>(params); });
 }
 bool nadaraya_watson_f64(const FamilyParams& params) {
   return family::nadaraya_watson<double>(params);

@@ -510,14 +510,8 @@ void exp2_f64(const double* x, double* out, int64_t n) { exp2_array(x, out, n); 
 // int8 K/V with a float32 query (params.kv_storage).
 bool sdpa_forward_f32(const SdpaParams& params) {
   if (params.kv_storage == Storage::kI8) return sdpa_forward<float, float, int8_t>(params);
-  switch (params.storage) {
-    case Storage::kF16:
-      return sdpa_forward<float, Half>(params);
-    case Storage::kBF16:
-      return sdpa_forward<float, BFloat16>(params);
-    default:
-      return sdpa_forward<float, float>(params);
-  }
+  return with_float_storage(params.storage,
+                            [&](auto s) { return sdpa_forward<float, decltype(s)>(params); });
 }
 bool sdpa_forward_f64(const SdpaParams& params) { return sdpa_forward<double, double>(params); }
 #endif  // !FASTATTN_DPBF16

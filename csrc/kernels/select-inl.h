@@ -28,14 +28,8 @@ bool select_attention(const FamilyParams& p) {
 
 // float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
 bool select_attention_f32(const FamilyParams& params) {
-  switch (params.storage) {
-    case Storage::kF16:
-      return family::select_attention<float, Half>(params);
-    case Storage::kBF16:
-      return family::select_attention<float, BFloat16>(params);
-    default:
-      return family::select_attention<float>(params);
-  }
+  return with_float_storage(
+      params.storage, [&](auto s) { return family::select_attention<float, decltype(s)>(params); });
 }
 bool select_attention_f64(const FamilyParams& params) {
   return family::select_attention<double>(params);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "api/params.h"
 #include "simd/storage.h"
 #include "simd/vec-inl.h"
 
@@ -151,6 +152,20 @@ inline Vec<T> vload_wide(const S* p) {
     Vec<T> r;
     for (int i = 0; i < kLanes<T>; ++i) r[i] = widen<T>(p[i]);
     return r;
+  }
+}
+
+// The one switch from a float32 kernel entry to its instance for the arrays' storage
+// type (params.storage: float32 itself, float16 or bfloat16): returns run(S{}).
+template <typename Run>
+inline bool with_float_storage(Storage storage, Run&& run) {
+  switch (storage) {
+    case Storage::kF16:
+      return run(Half{});
+    case Storage::kBF16:
+      return run(BFloat16{});
+    default:
+      return run(float{});
   }
 }
 
