@@ -60,8 +60,11 @@ void softmax_row(const T* x, const uint8_t* m, int64_t n, int64_t ne, T* o) {
   const V zero = V{};
   if (m) {
     for (int64_t j = 0; j < nv; j += L) {
-      const V e = softmax_exp_vec(vload(x + j), mx);
-      const V w = vkeep<T>(m + j) ? e : zero;
+      // Masked lanes were not in mx: they go to the exp as -inf (softmax_exp_vec takes
+      // s <= m) and to the output as 0 (a NaN row max must not reach them).
+      const auto keep = vkeep<T>(m + j);
+      const V e = softmax_exp_vec(keep ? vload(x + j) : ninf, mx);
+      const V w = keep ? e : zero;
       vstore(o + j, w);
       vsum += w;
     }

@@ -19,7 +19,7 @@ constexpr double kLog2e = 1.4426950408889634074;
 // e^(s - m) on whole vectors and on one value (the same algorithm lane by lane).
 template <typename T, typename V>
 inline V softmax_exp_vec(V s, T m) {
-  return exp2_approx_vec<T>((s - m) * T(kLog2e));
+  return exp2_approx_vec<T, true>((s - m) * T(kLog2e));  // s <= m: s - m <= 0 (or NaN)
 }
 template <typename T>
 inline T softmax_exp(T s, T m) {

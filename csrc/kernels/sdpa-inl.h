@@ -51,10 +51,13 @@ constexpr int64_t kMaxSegments = 512 / kChunk + 1;
 // Per-thread scratch, pieces of the driver's arena reused by every task the thread runs.
 template <typename T>
 struct SdpaScratch {
-  T* q = nullptr;    // max_rows x head_dim, pre-scaled
-  T* kt = nullptr;   // the key block as K^T panels (see pack_keys), zero-padded
-  T* vp = nullptr;   // the value block as panels (see pack_values)
-  T* s = nullptr;    // sub_rows x kt_ld, scores then probabilities
+  T* q = nullptr;   // max_rows x head_dim, pre-scaled
+  T* kt = nullptr;  // the key block as K^T panels (see pack_keys), zero-padded
+  T* vp = nullptr;  // the value block as panels (see pack_values)
+  T* s = nullptr;   // sub_rows x kt_ld, scores then probabilities
+  // sub_rows x kt_ld / 2 words: bfloat16 SDPA's probabilities as bfloat16 pairs, written by
+  // the exp pass (sdpa_bf16-inl.h); unused by every other kernel.
+  uint32_t* pb = nullptr;
   T* acc = nullptr;  // max_rows x padded_dv(head_dim_v), unnormalised output
   T* m = nullptr;    // max_rows running row max
   T* l = nullptr;    // max_rows running row sum
@@ -68,6 +71,7 @@ struct SdpaScratch {
     kt = a.take<T>(E * kt_ld);
     vp = a.take<T>(dv * kt_ld);
     s = a.take<T>(sub_rows * kt_ld);
+    pb = a.take<uint32_t>(sub_rows * kt_ld / 2);
     acc = a.take<T>(max_rows * dv);
     m = a.take<T>(max_rows);
     l = a.take<T>(max_rows);
@@ -141,11 +145,25 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     }
   }
 
+  // bfloat16 products: V is packed before the epilogue, so that when every value is finite
+  // the exp pass writes P straight as the bfloat16 pairs P V reads (sc.pb, pb_ld words per
+  // row) instead of float32 probabilities read back and rounded by a pass of their own.
+  if constexpr (kDot) {
+    if (!*v_packed) {
+      *v_finite = pack_values_bf16(v_block, p.v.row_stride, n_block, Ev, kt_ld,
+                                   reinterpret_cast<uint32_t*>(sc.vp));
+      *v_packed = true;
+    }
+  }
+  const bool p16 = kDot && *v_finite;
+  const int64_t pb_ld = kt_ld / 2;
+
   // Epilogue per row: softcap, masks and the visible range; the row max; then one pass
   // of exp2 and row sum. All in whole vectors over the tile's width w (its runs).
   for (int64_t r = 0; r < nrows; ++r) {
     const RowRef<T, S>& row = rows[r0 + r];
     T* s = sc.s + r * kt_ld;
+    uint16_t* ph = reinterpret_cast<uint16_t*>(sc.pb + r * pb_ld);  // p16: P as bfloat16
     const int64_t w = width[r / RT];
     const int64_t jlo = imax(row.lo - kb, 0), jhi = imin(row.hi - kb, n);
     // Run bounds are read into locals before each loop: vstore is a memcpy, which may
@@ -154,6 +172,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       for (int64_t g = 0; g < nseg; ++g) {
         const int64_t a = sa(g), e = se(g, w);
         for (int64_t j = a; j < e; ++j) s[j] = T(0);
+        if (p16)
+          for (int64_t j = a; j < e; ++j) ph[j] = 0;
       }
     };
     if (jlo >= jhi) {  // this row sees nothing in this block (its weights stay -inf)
@@ -211,7 +231,14 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       const int64_t a = sa(g), b = se(g, w);  // locals: vstore may alias seg_a/seg_b
       for (int64_t j = a; j < b; j += L) {
         const V e = softmax_exp_vec(vload(s + j), m_new);
-        vstore(s + j, e);
+        if constexpr (kDot) {
+          if (p16)
+            store_bf16(ph + j, e);
+          else
+            vstore(s + j, e);
+        } else {
+          vstore(s + j, e);
+        }
         vsum += e;
       }
     }
@@ -234,21 +261,22 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   // acc += P V, register-tiled over whole (padded) tiles when every value of the block is
   // finite. Otherwise row by row, skipping zero probabilities: a key that is masked, that
   // scores -inf or whose weight underflows must not bring 0 * inf = NaN into the row.
-  if (!*v_packed) {
-    if constexpr (kDot)
-      *v_finite = pack_values_bf16(v_block, p.v.row_stride, n_block, Ev, kt_ld,
-                                   reinterpret_cast<uint32_t*>(sc.vp));
-    else
-      *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
+  if (!*v_packed) {  // (bfloat16 products packed V before the epilogue)
+    *v_finite = pack_values<T>(v_block, p.v.row_stride, n_block, Ev, kt_ld, sc.vp, vs);
     *v_packed = true;
   }
+  // Padding rows of the last register tile go through P V too (their results are dropped):
+  // give them zero probabilities rather than what the scratch held.
+  if (p16)
+    for (int64_t r = nrows; r < tile_rows; ++r)
+      std::memset(sc.pb + r * pb_ld, 0, size_t(pb_ld) * sizeof(uint32_t));
   for (int64_t g = 0; g < nseg; ++g) {
     for (int64_t r = 0; r < tile_rows; r += RT) {
       const int64_t jb = imin(imin(width[r / RT], n), sb(g));
       if (jb <= sa(g)) continue;
       if (*v_finite) {
         if constexpr (kDot)
-          pv_tile_bf16(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g),
+          pv_tile_bf16(sc.pb + r * pb_ld + sa(g) / 2, pb_ld, jb - sa(g),
                        reinterpret_cast<const uint32_t*>(sc.vp) + (c0 + sa(g)) / 2 * CT, kt_ld / 2,
                        Eva, acc + r * Eva, Eva);
         else

@@ -8,7 +8,8 @@
 // operands are packed in pairs along the summed axis: Q and K^T along head_dim (one
 // 32-bit word = elements e, e + 1), V and P along the keys (keys j, j + 1; j even).
 // Odd lengths pad the pair with a zero. P is rounded to bfloat16 (nearest even) for P V,
-// as FlashAttention does; the row sum l stays the float32 sum of the unrounded P.
+// as FlashAttention does, as the exp pass writes it; the row sum l stays the float32 sum
+// of the unrounded P.
 #pragma once  // per translation unit
 
 #include <cstdint>
@@ -46,8 +47,14 @@ inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, i
 // s[r, 0:ncols) = scale * (q[r] . K^T[:, 0:ncols)), as scores_tile.
 inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
                              float* s, int64_t s_ld, int64_t nrows, int64_t ncols);
-// acc[r, :] += bf16(p[r, 0:n)) V for kRowTile rows, as pv_tile (pairs start at key 0 of vp).
-inline void pv_tile_bf16(const float* p, int64_t p_ld, int64_t n, const uint32_t* vp,
+// dst[0:L) = the float32 lanes of x rounded to bfloat16 (nearest even): the exp pass writes
+// P this way, so a row of P is a row of bfloat16 pairs along the keys (key j in the low
+// half of word j / 2) without a pass of its own.
+template <typename V>
+inline void store_bf16(uint16_t* dst, V x);
+// acc[r, :] += P[r, 0:n) V for kRowTile rows, as pv_tile, with P already bfloat16 pairs
+// (row r at pb + r * pb_ld; pairs start at key 0 of vp; a pair past n holds a zero P).
+inline void pv_tile_bf16(const uint32_t* pb, int64_t pb_ld, int64_t n, const uint32_t* vp,
                          int64_t panel_pairs, int64_t dv_pad, float* acc, int64_t acc_ld);
 
 #if defined(FASTATTN_DPBF16)
@@ -200,33 +207,23 @@ inline void pv_tile_bf16_cols(const uint32_t* pb, int64_t pb_ld, int64_t pairs,
     for (int u = 0; u < NV; ++u) _mm512_storeu_ps(acc + rr * acc_ld + u * 16, a[rr][u]);
 }
 
-inline void pv_tile_bf16(const float* p, int64_t p_ld, int64_t n, const uint32_t* vp,
+template <typename V>
+inline void store_bf16(uint16_t* dst, V x) {
+  static_assert(sizeof(V) == 64, "one zmm of float32 lanes");
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh((__m512)x));
+}
+
+inline void pv_tile_bf16(const uint32_t* pb, int64_t pb_ld, int64_t n, const uint32_t* vp,
                          int64_t panel_pairs, int64_t dv_pad, float* acc, int64_t acc_ld) {
-  constexpr int RT = kRowTile, CT = kColTile<float>;
-  constexpr int64_t kMaxPairs = 256;  // key blocks hold at most 512 keys (key_block_size)
-  // The tile's probabilities rounded to bfloat16 pairs, zero past n.
-  alignas(64) uint32_t pb[RT * kMaxPairs];
+  constexpr int CT = kColTile<float>;
   const int64_t pairs = (n + 1) / 2;
-  for (int rr = 0; rr < RT; ++rr) {
-    const float* pr = p + rr * p_ld;
-    for (int64_t j = 0; j < n; j += 32) {
-      const int64_t left = n - j;
-      const __mmask16 m0 = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      const __mmask16 m1 = left >= 32   ? __mmask16(0xffff)
-                           : left <= 16 ? __mmask16(0)
-                                        : __mmask16((1u << (left - 16)) - 1);
-      const __m512 lo = _mm512_maskz_loadu_ps(m0, pr + j),
-                   hi = _mm512_maskz_loadu_ps(m1, pr + j + 16);
-      _mm512_storeu_si512(pb + rr * kMaxPairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
-  }
   int64_t c = 0;
   for (; c + 2 * CT <= dv_pad; c += 2 * CT)
-    pv_tile_bf16_cols<4>(pb, kMaxPairs, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs,
-                         acc + c, acc_ld);
+    pv_tile_bf16_cols<4>(pb, pb_ld, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs, acc + c,
+                         acc_ld);
   for (; c < dv_pad; c += CT)
-    pv_tile_bf16_cols<2>(pb, kMaxPairs, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs,
-                         acc + c, acc_ld);
+    pv_tile_bf16_cols<2>(pb, pb_ld, pairs, vp + (c / CT) * panel_pairs * CT, panel_pairs, acc + c,
+                         acc_ld);
 }
 
 #endif  // FASTATTN_DPBF16

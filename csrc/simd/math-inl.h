@@ -142,7 +142,9 @@ inline V exp2_poly(V f) {
   return poly;
 }
 
-template <typename T, typename V>
+// kNonPositive: the caller guarantees x <= 0 or NaN (a softmax's s - max), so the upper
+// clamp, which only acts above kMax, is left out; the results are the same.
+template <typename T, bool kNonPositive = false, typename V>
 inline V exp2_approx_vec(V x) {
   using Tr = Exp2Traits<T>;
   typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
@@ -152,7 +154,7 @@ inline V exp2_approx_vec(V x) {
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
   V xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
+  if constexpr (!kNonPositive) xc = xc > hi ? hi : xc;
   const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
   const V poly = exp2_poly<T>(xc - n);
   // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
