@@ -306,13 +306,17 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
 
 // s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
 // nrows is a multiple of kRowTile (rows are padded) and ncols of kColTile, so the
-// register tile needs no tail.
+// register tile needs no tail. rmax (optional): rmax[r] = the larger of rmax[r] and the
+// row's largest score, NaN ignored, taken from the registers (the softmax's max pass
+// without reading the row back).
 template <typename T>
 inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
-                        int64_t nrows, int64_t ncols) {
+                        int64_t nrows, int64_t ncols, T* rmax = nullptr) {
   using V = typename VecOf<T>::type;
   constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
   for (int64_t r = 0; r < nrows; r += RT) {
+    V vm[RT];
+    for (int rr = 0; rr < RT; ++rr) vm[rr] = V{} - T(__builtin_inf());
     for (int64_t c = 0; c < ncols; c += CT) {
       const T* panel = kt + (c / CT) * head_dim * CT;
       V acc[RT][2] = {};
@@ -327,8 +331,17 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
       for (int rr = 0; rr < RT; ++rr) {
         vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
         vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
+        if (rmax) {
+          vm[rr] = acc[rr][0] > vm[rr] ? acc[rr][0] : vm[rr];
+          vm[rr] = acc[rr][1] > vm[rr] ? acc[rr][1] : vm[rr];
+        }
       }
     }
+    if (rmax)
+      for (int rr = 0; rr < RT; ++rr) {
+        const T m = reduce_max<T>(vm[rr]);
+        rmax[r + rr] = m > rmax[r + rr] ? m : rmax[r + rr];
+      }
   }
 }
 

@@ -126,6 +126,15 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   auto sb = [&](int64_t g) { return seg_b[g] - c0; };
   auto se = [&](int64_t g, int64_t w) { return imin(round_up(sb(g), CT), w); };
   constexpr bool kDot = kDotBf16<S> && !kThin;  // bfloat16 products (sdpa_bf16-inl.h)
+  // With nothing to apply to the scores before the softmax (no softcap, mask or ALiBi in
+  // the call), the score tiles take each row's max as they store it (tile_max), and a row
+  // whose whole width is visible skips the max pass; max is exact, so the result is the
+  // same whichever pass takes it.
+  const bool fuse_max = !kThin && !softcap && !p.float_mask.data && !p.bool_mask.data &&
+                        !p.alibi.data && nseg == 1 && sa(0) == 0;
+  T tile_max[kSubRows];
+  if (fuse_max)
+    for (int64_t r = 0; r < tile_rows; ++r) tile_max[r] = kNegInf;
   for (int64_t g = 0; g < nseg; ++g) {
     if (kThin) {
       scores_group(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
@@ -134,13 +143,15 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       for (int64_t t = 0; t < tile_rows / RT; ++t) {
         if (se(g, width[t]) <= sa(g)) continue;
         if constexpr (kDot)
-          scores_tile_bf16(
-              reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2), E,
-              reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2), T(p.scale),
-              sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
+          scores_tile_bf16(reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2),
+                           E,
+                           reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2),
+                           T(p.scale), sc.s + t * RT * kt_ld + sa(g), kt_ld, RT,
+                           se(g, width[t]) - sa(g), fuse_max ? tile_max + t * RT : nullptr);
         else
           scores_tile(sc.q + (r0 + t * RT) * E, E, kt + (sa(g) / CT) * E * CT,
-                      sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g));
+                      sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g),
+                      fuse_max ? tile_max + t * RT : nullptr);
       }
     }
   }
@@ -187,9 +198,11 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
           vstore(s + j, cap * tanh_approx_vec<T>(vload(s + j) * inv_cap));
       }
     }
+    // A row that sees its whole width with nothing to apply has its max from the tiles.
+    const bool whole = fuse_max && jlo == 0 && jhi >= w && !row.chunks;
     if (row.chunks) {
       for (int64_t g = 0; g < nseg; ++g) mask_row_chunked(p, row, kb, jlo, jhi, sa(g), se(g, w), s);
-    } else {  // one run, the whole width (visible_segments)
+    } else if (!whole) {  // one run, the whole width (visible_segments)
       mask_row(p, row.fmask, row.bmask, kb, jlo, jhi, w, s);
     }
 
@@ -197,7 +210,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     // scores are all masked, which must give NaN rather than "nothing attended". ALiBi
     // joins this pass (masked keys stay -inf), saving a pass over the row.
     V vmax = V{} + kNegInf;
-    for (int64_t g = 0; g < nseg; ++g) {
+    for (int64_t g = 0; g < nseg && !whole; ++g) {
       if (row.slope) {
         const V x = alibi_row_max(*row.slope, kb + sa(g) - row.diag, se(g, w) - sa(g), s + sa(g));
         vmax = x > vmax ? x : vmax;
@@ -215,7 +228,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
         if (imin(se(g, w), jhi) > sa(g))
           std::memcpy(row.weights + kb + sa(g), s + sa(g),
                       size_t(imin(se(g, w), jhi) - sa(g)) * sizeof(T));
-    T mx = reduce_max<T>(vmax);
+    T mx = whole ? tile_max[r] : reduce_max<T>(vmax);
     if (mx == kNegInf)
       for (int64_t g = 0; g < nseg; ++g)
         for (int64_t j = imax(jlo, sa(g)); j < imin(jhi, se(g, w)); ++j)

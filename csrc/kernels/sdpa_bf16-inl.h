@@ -44,9 +44,9 @@ inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int
 // missing odd key zero. Returns whether every value is finite (as pack_values).
 inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
                              int64_t panel_rows, uint32_t* vp);
-// s[r, 0:ncols) = scale * (q[r] . K^T[:, 0:ncols)), as scores_tile.
+// s[r, 0:ncols) = scale * (q[r] . K^T[:, 0:ncols)), as scores_tile (rmax likewise).
 inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
-                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols);
+                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols, float* rmax);
 // dst[0:L) = the float32 lanes of x rounded to bfloat16 (nearest even): the exp pass writes
 // P this way, so a row of P is a row of bfloat16 pairs along the keys (key j in the low
 // half of word j / 2) without a pass of its own.
@@ -150,7 +150,7 @@ inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 // One register tile: kRowTile rows x NV vectors of 16 columns.
 template <int NV>
 inline void scores_tile_bf16_cols(const uint32_t* q, int64_t E2, const uint32_t* panel,
-                                  __m512 scale, float* s, int64_t s_ld) {
+                                  __m512 scale, float* s, int64_t s_ld, __m512* vm) {
   constexpr int RT = kRowTile, CT = kColTile<float>;
   __m512 acc[RT][NV];
   for (int rr = 0; rr < RT; ++rr)
@@ -167,21 +167,35 @@ inline void scores_tile_bf16_cols(const uint32_t* q, int64_t E2, const uint32_t*
     }
   }
   for (int rr = 0; rr < RT; ++rr)
-    for (int u = 0; u < NV; ++u)
-      _mm512_storeu_ps(s + rr * s_ld + u * 16, _mm512_mul_ps(acc[rr][u], scale));
+    for (int u = 0; u < NV; ++u) {
+      const __m512 x = _mm512_mul_ps(acc[rr][u], scale);
+      _mm512_storeu_ps(s + rr * s_ld + u * 16, x);
+      // vm = x > vm ? x : vm (a NaN x leaves vm), as the softmax's max pass compares.
+      if (vm) vm[rr] = _mm512_mask_mov_ps(vm[rr], _mm512_cmp_ps_mask(x, vm[rr], _CMP_GT_OQ), x);
+    }
 }
 
 inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
-                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols) {
+                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols, float* rmax) {
   constexpr int RT = kRowTile, CT = kColTile<float>;
   const int64_t E2 = (head_dim + 1) / 2;
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t r = 0; r < nrows; r += RT) {
+    __m512 vm[RT];
+    for (int rr = 0; rr < RT; ++rr) vm[rr] = _mm512_set1_ps(-__builtin_inff());
+    __m512* pm = rmax ? vm : nullptr;
     int64_t c = 0;
     for (; c + 2 * CT <= ncols; c += 2 * CT)
-      scores_tile_bf16_cols<4>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld);
+      scores_tile_bf16_cols<4>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld,
+                               pm);
     for (; c < ncols; c += CT)
-      scores_tile_bf16_cols<2>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld);
+      scores_tile_bf16_cols<2>(q + r * E2, E2, kt + (c / CT) * E2 * CT, sc, s + r * s_ld + c, s_ld,
+                               pm);
+    if (rmax)
+      for (int rr = 0; rr < RT; ++rr) {
+        const float m = reduce_max<float>((Vec<float>)vm[rr]);
+        rmax[r + rr] = m > rmax[r + rr] ? m : rmax[r + rr];
+      }
   }
 }
 
