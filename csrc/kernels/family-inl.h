@@ -10,7 +10,9 @@
 //           block(task, kb, n, ncols, s, ld) writes s[r * ld + j], r < nrows, j < ncols
 //           (ncols: n rounded up to whole column tiles; the padding is masked afterwards);
 //   Norm:   Norm(params); layout(Arena&, rows, ld); begin(task); block(task, kb, n, ncols,
-//           s, ld) consumes the masked scores; finish(task) writes out (and weights).
+//           s, ld) consumes the masked scores; finish(task) writes out (and weights);
+//           kWeightsFromScores: whether the weights row holds the masked scores until
+//           finish turns them into weights (so a skipped block must write its -inf there).
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -158,13 +160,16 @@ struct FamilyEngine {
   void block(const TaskView<T, S, S>&, int64_t kb, int64_t n) {
     const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
     if (!block_seen(t.rows, t.nrows, kb, n)) {
-      // Hidden from every row: the weights in the rows' ranges keep the masked score -inf.
-      for (int64_t r = 0; r < t.nrows; ++r) {
-        const RowRef<T, S>& row = t.rows[r];
-        if (row.weights)
-          for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
-            row.weights[j] = neg_inf<T>();
-      }
+      // Hidden from every row: where the weights row holds the masked scores, those in the
+      // rows' ranges are -inf (a normaliser that writes only its chosen keys' weights
+      // leaves the zeros of begin).
+      if constexpr (Norm::kWeightsFromScores)
+        for (int64_t r = 0; r < t.nrows; ++r) {
+          const RowRef<T, S>& row = t.rows[r];
+          if (row.weights)
+            for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
+              row.weights[j] = neg_inf<T>();
+        }
       return;
     }
     sc.block(t, kb, n, ncols, s, ld);
@@ -302,6 +307,7 @@ inline void accumulate_pv(const T* s, int64_t ld, int64_t nrows, int64_t n, int6
 // the max grows; normalise once. A row that saw no key gets `empty` (0 for attention).
 template <typename T>
 struct OnlineSoftmax {
+  static constexpr bool kWeightsFromScores = true;  // block copies the scores; finish maps
   const FamilyParams& p;
   T empty;
   T* m = nullptr;
@@ -408,6 +414,7 @@ struct OnlineSoftmax {
 // kept scores.
 template <typename T>
 struct SelectTopK {
+  static constexpr bool kWeightsFromScores = false;  // finish writes the chosen keys only
   const FamilyParams& p;
   int64_t k;
   T* hs = nullptr;        // block_q x k scores

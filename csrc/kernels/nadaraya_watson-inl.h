@@ -97,6 +97,7 @@ struct RegressionSoftmax : OnlineSoftmax<T> {
 // Compact kernels: w = K(u) with u^2 = d2 / h^2, sums of w and of w * y, one division.
 template <typename T>
 struct KernelSum {
+  static constexpr bool kWeightsFromScores = false;  // the row holds K(u): hidden keys 0
   const FamilyParams& p;
   T* l = nullptr;
   T* acc = nullptr;
