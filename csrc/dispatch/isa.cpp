@@ -106,6 +106,17 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
+double bf16_dot_peak(int num_threads, double seconds) {
+#if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
+  // Only while avx512bf16 is active, which set_isa/best_index allow only where it runs.
+  if (active_kernels().isa == Isa::kAvx512Bf16)
+    return avx512bf16::bf16_dot_peak(num_threads, seconds);
+#endif
+  (void)num_threads;
+  (void)seconds;
+  return -1;
+}
+
 std::vector<std::string> available_isas() {
   std::vector<std::string> names;
   for (const auto& t : kTables)

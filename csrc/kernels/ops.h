@@ -68,6 +68,8 @@ FASTATTN_DECLARE_ISA(avx512)
 namespace avx512bf16 {
 SdpaFn<float> sdpa_forward_f32;
 VarlenFn<float> sdpa_varlen_f32;
+// GFLOP/s of vdpbf16ps (kernels/machine_limits_bf16.cpp); dispatch/isa.h's bf16_dot_peak.
+double bf16_dot_peak(int num_threads, double seconds);
 }  // namespace avx512bf16
 
 }  // namespace fastattn
