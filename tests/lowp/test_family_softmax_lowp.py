@@ -8,7 +8,7 @@ every ISA the machine has (the ``isa`` fixture):
   float32 call rounded; a bfloat16 gaussian softmax keeps its float32 copy, with the same
   result;
 * no float32 copy of the query is made where the arrays are read as stored.
-(docs/semantics.md#low-precision)
+(docs/semantics.md#attention-on-16-bit-arrays)
 """
 
 from __future__ import annotations
