@@ -47,9 +47,11 @@ def _heads(x, n):
     return np.moveaxis(x.reshape(x.shape[:-1] + (n, -1)), -2, -3)
 
 
-def _twin(layer, x, mask, causal):
+def _twin(layer, x, mask, causal, lens=None):
     """(output, weights) of the plain float32 formula with the layer's bfloat16 roundings:
-    q/k/v projections, P before P V (FlashAttention's), the merged heads, the output."""
+    q/k/v projections, P before P V (FlashAttention's), the merged heads, the output.
+    ``mask``: bool (True = may attend) or float (added to the scaled scores); ``lens``:
+    one valid length per batch entry."""
     q = _heads(_project(x, layer.q_proj), layer.num_heads)
     k = _heads(_project(x, layer.k_proj), layer.num_kv_heads)
     v = _heads(_project(x, layer.v_proj), layer.num_kv_heads)
@@ -57,9 +59,15 @@ def _twin(layer, x, mask, causal):
     k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     s = (q @ np.swapaxes(k, -1, -2)) * F32(1.0 / np.sqrt(layer.head_dim))
     lq, lk = s.shape[-2:]
-    seen = np.ones((lq, lk), bool) if mask is None else mask
+    seen = np.ones(s.shape, bool)
+    if mask is not None and mask.dtype == bool:
+        seen = seen & mask
+    elif mask is not None:
+        s = s + mask.astype(F32)
     if causal:
         seen = seen & np.tri(lq, lk, dtype=bool)
+    if lens is not None:
+        seen = seen & (np.arange(lk) < lens[:, None, None, None])
     s = np.where(seen, s, -np.inf).astype(F32)
     mx = np.where(seen.any(-1, keepdims=True), s.max(-1, keepdims=True), 0).astype(F32)
     p = np.where(seen, np.exp(s - mx), 0).astype(F32)
@@ -92,20 +100,27 @@ def layers(draw):
     b = draw(st.sampled_from([1, 2]))
     lq = draw(st.sampled_from([1, 5, 40, 90]))
     x = rng.standard_normal((b, lq, h * d))
-    mask = rng.random((lq, lq)) < 0.8 if draw(st.booleans()) else None
-    return layer, x, mask, draw(st.booleans())
+    kind = draw(st.sampled_from([None, "bool", "float", "lens"]))
+    mask = lens = None
+    if kind == "bool":
+        mask = rng.random((lq, lq)) < 0.8
+    elif kind == "float":
+        mask = rng.standard_normal((b, h, lq, lq)).astype(F32)
+    elif kind == "lens":
+        lens = rng.integers(0, lq + 1, size=b)
+    return layer, x, mask, lens, draw(st.booleans())
 
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=layers())
 def test_accuracy_rule(isa, case):
-    layer, x, mask, causal = case
+    layer, x, mask, lens, causal = case
     assert layer.q_proj.weight.dtype == bf16() and layer.out_proj.weight.dtype == bf16()
-    out, w = layer(x, attn_mask=mask, is_causal=causal, need_weights=True)
+    out, w = layer(x, attn_mask=mask, valid_lens=lens, is_causal=causal, need_weights=True)
     assert out.dtype == bf16() and w.dtype == F32 and out.shape == x.shape
     xb = x.astype(bf16())
     ref, ref_w = reference.multi_head_attention(
-        xb, num_heads=layer.num_heads, **_weights(layer), attn_mask=mask,
+        xb, num_heads=layer.num_heads, **_weights(layer), attn_mask=mask, valid_lens=lens,
         is_causal=causal, need_weights=True,
     )  # fmt: skip
     assert ref.dtype == bf16() and ref_w.dtype == F32
@@ -114,10 +129,11 @@ def test_accuracy_rule(isa, case):
         num_heads=layer.num_heads,
         **{n: None if a is None else a.astype(np.float64) for n, a in _weights(layer).items()},
         attn_mask=mask,
+        valid_lens=lens,
         is_causal=causal,
         need_weights=True,
     )
-    twin, twin_w = _twin(layer, xb, mask, causal)
+    twin, twin_w = _twin(layer, xb, mask, causal, lens)
     _rule(out, twin, exact, "output")
     _rule(w, twin_w, exact_w, "weights")
     # The twin rounded to bfloat16 as the layer returns it is within the same bound.
