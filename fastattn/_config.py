@@ -23,6 +23,7 @@ def config() -> dict[str, str]:
         "isas_compiled": ", ".join(_core.compiled_isas()),
         # The avx512bf16 ISA runs bfloat16 SDPA with vdpbf16ps; every other ISA widens.
         "avx512_bf16": _avx512_bf16_line(),
+        "bf16_dot_peak": _bf16_dot_peak_line(),
         "num_threads": str(_threads.get_num_threads()),
         "cuda": _cuda.describe(),  # CuPy's version and the device, when it sees a GPU
     }
@@ -36,6 +37,19 @@ def _avx512_bf16_line() -> str:
     if _core.active_isa() == "avx512bf16":
         return "supported by this CPU (used: bfloat16 SDPA runs vdpbf16ps)"
     return f"supported by this CPU (not used by ISA {_core.active_isa()}: bfloat16 is widened)"
+
+
+def _bf16_dot_peak_line() -> str:
+    # Not measured here (show_config is instant): fastattn-bench measures and reports it.
+    if _core.active_isa() == "avx512bf16":
+        return (
+            "available (fastattn._core.bf16_dot_peak(): vdpbf16ps GFLOP/s; fastattn-bench's "
+            "bfloat16 % peak)"
+        )
+    return (
+        f"not available on ISA {_core.active_isa()} (no vdpbf16ps: bfloat16 is widened, its "
+        "% peak is against the float32 FMA peak)"
+    )
 
 
 def show_config(file: TextIO | None = None) -> None:

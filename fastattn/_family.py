@@ -17,7 +17,7 @@ import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
-from fastattn._dtypes import is_16bit_float
+from fastattn._dtypes import is_16bit_float, is_bfloat16
 from fastattn._prepare import (
     attention_buffers,
     attention_masks,
@@ -310,6 +310,24 @@ def additive_attention(
     return _additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
+def _family_storage(spec, normalizer: int, sixteen: np.dtype) -> np.dtype:
+    """The dtype q/k/v reach the kernels in for a dot-product score: float16/bfloat16 as
+    stored (``sixteen``, sdpa_storage_dtype's) where the kernels read them without changing
+    the arithmetic, else the compute dtype (a float32 copy). dot/scaled_dot: as stored,
+    so the softmax is scaled_dot_product_attention on those arrays (bfloat16 by its rule,
+    vdpbf16ps on AVX512-BF16) and hardmax/top-k widen in the select kernel. gaussian: as
+    stored where widening is exact -- float16, or bfloat16 under hardmax/top-k -- but a
+    bfloat16 softmax keeps the copy (the SDPA bfloat16 kernel would round P and the
+    products, unlike the float32 arithmetic gaussian's bias is formed in). general
+    projects q into a new float32 array, which k must match; cosine's unit rows are a new
+    array in any dtype."""
+    if spec.score in ("dot", "scaled_dot"):
+        return sixteen
+    if spec.score == "gaussian" and (normalizer == 1 or not is_bfloat16(sixteen)):
+        return sixteen
+    return spec.args.compute_dtype
+
+
 def _dot_operands(spec, threads, storage):
     """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
     normalises the rows of q and k, general projects q by W, gaussian adds the per-key
@@ -337,10 +355,10 @@ def _dot_operands(spec, threads, storage):
         # a key scores -inf (its bias already is), such a query sees no key, as with
         # -||q - k||^2. Zeroed, so the expansion's products stay finite.
         k_far, q_far = infinitely_far(k), infinitely_far(q)
-        if k_far.any():
-            k = np.where(k_far[..., None], dtype.type(0), k)
+        if k_far.any():  # (k's own zero: a 16-bit k stays 16-bit)
+            k = np.where(k_far[..., None], k.dtype.type(0), k)
         if q_far.any():
-            q = np.where(q_far[..., None], dtype.type(0), q)
+            q = np.where(q_far[..., None], q.dtype.type(0), q)
             bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
         if float_mask is not None:
             bias = float_mask + bias
@@ -520,11 +538,7 @@ def attention(
         )
 
     normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
-    # Hardmax/top-k over plain dot products read float16/bfloat16 as stored (the select
-    # kernel widens them); the softmax keeps its float32 copy, so that its results stay
-    # those of the float32 SDPA kernel (bfloat16 SDPA would round P).
-    plain = normalizer == 1 and spec.score in ("dot", "scaled_dot")
-    storage = sdpa_storage_dtype(args) if plain else args.compute_dtype
+    storage = _family_storage(spec, normalizer, sdpa_storage_dtype(args))
     q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads, storage)
     v = to_batch(kernel_ready(args.value, storage), args.batch)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)

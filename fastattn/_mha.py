@@ -16,6 +16,7 @@ import numpy as np
 
 from fastattn import _dispatch
 from fastattn._compute import average_heads, split_heads
+from fastattn._dtypes import is_bfloat16
 from fastattn._quantize import quantize_kv
 from fastattn._sdpa import scaled_dot_product_attention
 from fastattn._validation import (
@@ -89,9 +90,20 @@ class Projection:
     def _apply(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         # __call__ without its errstate, for a caller that holds one already (the layer
         # enters one for its whole call: a decode step would otherwise pay four).
+        if is_bfloat16(self._dtype):
+            return _rounded(self._wide(x, self._weight.T, None), out, self._dtype)
         y = np.matmul(x, self._weight.T, out=out)
         if self._bias is not None:
             y += self._bias
+        return y
+
+    def _wide(self, x: np.ndarray, w: np.ndarray, bias_shape: tuple | None) -> np.ndarray:
+        """bfloat16: ``x @ w + bias`` in float32 (NumPy has no fast bfloat16 matmul, and
+        float32 accumulation is the rule): operands widened exactly, one float32 result."""
+        y = np.matmul(x.astype(np.float32), w.astype(np.float32))
+        if self._bias is not None:
+            b = self._bias.astype(np.float32)
+            y += b if bias_shape is None else b.reshape(bias_shape)
         return y
 
     def into_heads(self, x: np.ndarray, num_heads: int, out: np.ndarray) -> np.ndarray:
@@ -100,6 +112,8 @@ class Projection:
         ``np.errstate(invalid="ignore", over="ignore")``, as the layer does."""
         in_f = self._weight.shape[1]
         w = self._weight.reshape(num_heads, -1, in_f).transpose(0, 2, 1)  # (H, in, D) view
+        if is_bfloat16(self._dtype):
+            return _rounded(self._wide(x[:, None], w, (num_heads, 1, -1)), out, self._dtype)
         y = np.matmul(x[:, None], w, out=out)
         if self._bias is not None:
             y += self._bias.reshape(num_heads, 1, -1)
@@ -111,6 +125,14 @@ class Projection:
             f"Projection({self._name}: {in_f} -> {out_f}, bias={self._bias is not None}, "
             f"dtype={self._dtype})"
         )
+
+
+def _rounded(y: np.ndarray, out: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    """A float32 projection rounded once to ``dtype`` (bfloat16), into ``out`` if given."""
+    if out is None:
+        return y.astype(dtype)
+    np.copyto(out, y, casting="unsafe")
+    return out
 
 
 class KVCache:
@@ -223,8 +245,12 @@ class MultiHeadAttention:
         Feature sizes of the key and value inputs (cross-attention from another source).
     bias : bool, default True
         Give all four projections a bias.
-    dtype : float16, float32 (default) or float64
-        Dtype of the weights; inputs are converted to it and outputs have it.
+    dtype : float16, bfloat16, float32 (default) or float64
+        Dtype of the weights; inputs are converted to it and outputs have it. bfloat16
+        (``ml_dtypes.bfloat16``): parameters, projected Q/K/V, the KV cache and the output
+        are bfloat16; each projection is computed in float32 (operands widened exactly,
+        bias added) and rounded once to bfloat16; attention is the bfloat16 kernel of
+        :func:`scaled_dot_product_attention`; weights (``need_weights``) are float32.
     use_sinks : bool, default False
         Give the layer attention sinks: a learned logit per query head, ``sinks``
         ``(num_heads,)``, zero-initialised, joining each row's softmax denominator
@@ -242,7 +268,8 @@ class MultiHeadAttention:
         None, NumPy arrays: ``q_proj`` ``(E, E)``, ``k_proj`` ``(Hkv * D, kdim)``,
         ``v_proj`` ``(Hkv * D, vdim)``, ``out_proj`` ``(E, E)``.
     sinks : ndarray ``(num_heads,)`` or None
-        The per-head sink logits when ``use_sinks`` (settable), else None.
+        The per-head sink logits when ``use_sinks`` (settable), else None; in the
+        layer's dtype (float32 in a bfloat16 layer).
 
     Calling the layer: see :meth:`__call__`. Loading PyTorch weights: :meth:`from_torch`.
     Incremental decoding: :meth:`new_kv_cache`.
@@ -315,7 +342,10 @@ class MultiHeadAttention:
         self.v_proj = Projection("v_proj", wv, zeros(kv), dt)
         self.out_proj = Projection("out_proj", wo, zeros(e), dt)
         # Drawn after the projections, so use_sinks leaves their initialisation unchanged.
-        self._sinks = np.zeros(self.num_heads, dt) if check_flag(use_sinks, "use_sinks") else None
+        # (float32 in a bfloat16 layer: one logit per head, read by the kernel in float32)
+        self._sink_dtype = np.dtype(np.float32) if is_bfloat16(dt) else dt
+        use = check_flag(use_sinks, "use_sinks")
+        self._sinks = np.zeros(self.num_heads, self._sink_dtype) if use else None
 
     @property
     def sinks(self) -> np.ndarray | None:
@@ -326,7 +356,7 @@ class MultiHeadAttention:
         if self._sinks is None:
             raise ValueError("this layer has no sinks: construct it with use_sinks=True")
         self._sinks = check_parameter(value, "sinks", (self.num_heads,), " (num_heads,)").astype(
-            self.dtype
+            self._sink_dtype
         )
 
     @property
@@ -539,7 +569,8 @@ class MultiHeadAttention:
 
         It holds ``2 * batch * max_len * num_kv_heads * head_dim`` values of the layer's
         dtype, allocated now (zeroed). ``dtype="int8"`` stores them quantised instead, one
-        byte each plus one float32 scale per key/value vector (float16/float32 layers):
+        byte each plus one float32 scale per key/value vector (float16, bfloat16 and
+        float32 layers):
         each call quantises its new positions (:func:`fastattn.quantize_kv`) and attends
         over the int8 cache, dequantised inside the kernel.
 

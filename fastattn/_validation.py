@@ -1112,12 +1112,16 @@ _LAYER_DTYPES = _FLOAT_DTYPES
 
 
 def check_layer_dtype(dtype: object) -> np.dtype:
+    """A layer's dtype: float16, bfloat16 (ml_dtypes', recognised by name), float32 or
+    float64."""
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from None
-    if dt not in _LAYER_DTYPES:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
+        raise TypeError(
+            f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}"
+        ) from None
+    if dt not in _LAYER_DTYPES and not is_bfloat16(dt):
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dt}")
     return dt
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
+from fastattn._dtypes import is_16bit_float
 from fastattn._prepare import finish, kernel_ready, result_buffer
 from fastattn._validation import check_flag, check_out, varlen_args
 
@@ -48,9 +49,12 @@ def varlen_attention(
     query : array_like, shape ``(total_q, Hq, E)``
     key : array_like, shape ``(total_k, Hkv, E)``
     value : array_like, shape ``(total_k, Hkv, Ev)``
-        Token-major packed sequences (FlashAttention's varlen layout). float16, float32 or
-        float64; mixed dtypes promote with ``np.result_type``; float16 is computed in
-        float32 and returned as float16. ``Hq % Hkv == 0`` (grouped-query attention).
+        Token-major packed sequences (FlashAttention's varlen layout). float16, bfloat16
+        (``ml_dtypes``), float32 or float64; mixed dtypes promote with ``np.result_type``;
+        float16 and bfloat16 are read as stored, computed in float32 and returned in their
+        own dtype, each sequence exactly as :func:`scaled_dot_product_attention` computes
+        it (bfloat16 products with ``vdpbf16ps`` on AVX512-BF16). ``Hq % Hkv == 0``
+        (grouped-query attention).
         Any strides; arrays whose last axis has unit stride are read in place.
     cu_seqlens_q, cu_seqlens_k : array_like of int, shape ``(N + 1,)``
         Cumulative sequence lengths: non-decreasing, starting at 0 and ending at
@@ -72,7 +76,7 @@ def varlen_attention(
         scores, with each sequence's own positions and causal alignment ``d``.
     return_lse : bool
         Also return the log-sum-exp of each score row, shape ``(total_q, Hq)``, in the
-        compute dtype (float32 for float16 inputs).
+        compute dtype (float32 for float16/bfloat16 inputs).
     out : ndarray, optional
         Written with the result and returned; exact output shape and dtype required.
     num_threads : int, optional
@@ -124,11 +128,14 @@ def varlen_attention(
         check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
 
     dtype = args.compute_dtype
+    # float16/bfloat16 are read as stored (widened, or bfloat16 products, in the kernel),
+    # as scaled_dot_product_attention reads them; lse stays in the compute dtype.
+    storage = args.result_dtype if is_16bit_float(args.result_dtype) else dtype
     # The kernel sees the packed call as one SDPA without a batch: (heads, tokens, features).
-    q = kernel_ready(args.query, dtype).transpose(1, 0, 2)
-    k = kernel_ready(args.key, dtype).transpose(1, 0, 2)
-    v = kernel_ready(args.value, dtype).transpose(1, 0, 2)
-    result, in_place = result_buffer(out, args.out_shape, dtype)
+    q = kernel_ready(args.query, storage).transpose(1, 0, 2)
+    k = kernel_ready(args.key, storage).transpose(1, 0, 2)
+    v = kernel_ready(args.value, storage).transpose(1, 0, 2)
+    result, in_place = result_buffer(out, args.out_shape, storage)
     lse = np.empty(args.out_shape[:-1], dtype) if want_lse else None
     hq = args.out_shape[1]
 

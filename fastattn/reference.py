@@ -15,6 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._compute import average_heads, split_heads, unit_rows
+from fastattn._dtypes import is_bfloat16
 from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch, weights_dtype
 from fastattn._validation import (
     additive_args,
@@ -410,7 +411,8 @@ def multi_head_attention(
     ``v_weight (Hkv * D, vdim)``, ``out_weight (E, E)`` with ``D = E // num_heads``
     (``Hkv < num_heads`` is grouped-query attention). ``causal_alignment="bottom_right"``
     is what the layer does with a KV cache. ``sinks`` ``(num_heads,)``: the layer's sink
-    logits (``use_sinks=True``). The result has the inputs' and weights' promoted dtype.
+    logits (``use_sinks=True``). The result has the inputs' and weights' promoted dtype
+    (weights float32 when that is bfloat16).
 
     >>> import numpy as np
     >>> from fastattn import reference
@@ -463,7 +465,7 @@ def multi_head_attention(
         return out
     if average:
         weights = average_heads(weights)
-    weights = weights.astype(result)
+    weights = weights.astype(np.float32 if is_bfloat16(result) else result)  # as the layer's
     return out, (weights if batched else weights[0])
 
 

@@ -57,7 +57,8 @@ void varlen_attention(const VarlenCall& c) {
   const int64_t N = c.cu_seqlens_q.shape[0] - 1;
   vp.num_seqs = N;
   vp.bottom_right = c.bottom_right;
-  const int64_t itemsize = c.query.itemsize;
+  // lse is in the compute dtype: float32 for float16/bfloat16 storage (read as stored).
+  const int64_t itemsize = p.storage == Storage::kCompute ? c.query.itemsize : 4;
   if (c.lse_tokens.present())
     require(c.lse_tokens.kind == 'f' && c.lse_tokens.itemsize == itemsize &&
                 c.lse_tokens.writeable && c.lse_tokens.ndim() == 2 &&

@@ -3,6 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "api/errors.h"
 #include "dispatch/isa.h"
 
@@ -57,6 +60,26 @@ void register_config(py::module_& m) {
       },
       py::arg("dtype") = "float32", py::arg("num_threads") = 1, py::arg("seconds") = 0.2,
       "GFLOP/s of vector FMAs (2 flops each) on the active ISA.");
+  m.def(
+      "bf16_dot_peak",
+      [](int num_threads, double seconds) {
+        if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
+        if (!(seconds > 0)) throw py::value_error("seconds must be > 0");
+        double gflops;
+        {
+          py::gil_scoped_release release;
+          gflops = bf16_dot_peak(num_threads, seconds);
+        }
+        if (gflops < 0)
+          throw std::runtime_error(
+              "bf16_dot_peak is not available on ISA '" + std::string(active_kernels().name) +
+              "': it measures vdpbf16ps, which only the avx512bf16 ISA (AVX512-BF16) runs; "
+              "bfloat16 is widened to float32 elsewhere (see fma_peak('float32'))");
+        return gflops;
+      },
+      py::arg("num_threads") = 1, py::arg("seconds") = 0.2,
+      "GFLOP/s of vdpbf16ps (2 bfloat16 multiply-adds per float32 lane, 2 flops each) on the "
+      "avx512bf16 ISA; RuntimeError on any other.");
   m.def(
       "read_bandwidth",
       [](int64_t nbytes, int num_threads, int repeats) {

@@ -19,7 +19,7 @@ namespace {
   {tag, FASTATTN_NAME_OF(FASTATTN_TABLE_NS), FASTATTN_OPS(FASTATTN_TABLE_ENTRY)}
 
 #if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
-// The avx512 row with its own bfloat16 SDPA entry (kernels/sdpa_bf16.cpp), which hands
+// The avx512 row with its own bfloat16 SDPA and varlen entries (kernels/sdpa_bf16.cpp), which hand
 // every other dtype to the avx512 kernel: FASTATTN_ISA=avx512 is the widening path.
 KernelTable avx512bf16_table() {
 #define FASTATTN_TABLE_NS avx512
@@ -27,6 +27,7 @@ KernelTable avx512bf16_table() {
 #undef FASTATTN_TABLE_NS
   t.name = "avx512bf16";
   t.sdpa_forward_f32 = avx512bf16::sdpa_forward_f32;
+  t.sdpa_varlen_f32 = avx512bf16::sdpa_varlen_f32;
   return t;
 }
 #endif
@@ -103,6 +104,17 @@ bool cpu_has_avx512_bf16() {
 #else
   return false;
 #endif
+}
+
+double bf16_dot_peak(int num_threads, double seconds) {
+#if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
+  // Only while avx512bf16 is active, which set_isa/best_index allow only where it runs.
+  if (active_kernels().isa == Isa::kAvx512Bf16)
+    return avx512bf16::bf16_dot_peak(num_threads, seconds);
+#endif
+  (void)num_threads;
+  (void)seconds;
+  return -1;
 }
 
 std::vector<std::string> available_isas() {

@@ -29,6 +29,10 @@ std::vector<std::string> available_isas();
 // Whether the CPU and OS support AVX512-BF16 (vdpbf16ps), for show_config; the avx512bf16
 // ISA (when compiled in) uses it for bfloat16 SDPA.
 bool cpu_has_avx512_bf16();
+// GFLOP/s of vdpbf16ps chains (bfloat16 SDPA's products) on num_threads threads for about
+// `seconds`, when the active ISA is avx512bf16; -1 on any other ISA (no such instruction:
+// bfloat16 is widened to float32 there, whose peak is fma_peak's).
+double bf16_dot_peak(int num_threads, double seconds);
 // Names compiled into this build, whether the CPU can run them or not.
 std::vector<std::string> compiled_isas();
 // The table in use (the best available, unless set_isa chose another).

@@ -64,9 +64,12 @@ FASTATTN_DECLARE_ISA(scalar)
 FASTATTN_DECLARE_ISA(baseline)
 FASTATTN_DECLARE_ISA(avx2)
 FASTATTN_DECLARE_ISA(avx512)
-// avx512bf16 (kernels/sdpa_bf16.cpp): the avx512 table with its own bfloat16 SDPA.
+// avx512bf16 (kernels/sdpa_bf16.cpp): the avx512 table with its own bfloat16 SDPA/varlen.
 namespace avx512bf16 {
 SdpaFn<float> sdpa_forward_f32;
-}
+VarlenFn<float> sdpa_varlen_f32;
+// GFLOP/s of vdpbf16ps (kernels/machine_limits_bf16.cpp); dispatch/isa.h's bf16_dot_peak.
+double bf16_dot_peak(int num_threads, double seconds);
+}  // namespace avx512bf16
 
 }  // namespace fastattn

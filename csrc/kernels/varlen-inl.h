@@ -26,17 +26,17 @@ struct VarlenSeq {
   int64_t partial = 0;  // its key splits' offset in the shared partial buffer (elements)
 };
 
-// *p (a copy of the packed call) restricted to sequence n.
-template <typename T>
+// *p (a copy of the packed call) restricted to sequence n; q/k/v/out stored as S.
+template <typename T, typename S = T>
 inline void varlen_select(const VarlenParams& vp, int64_t n, SdpaParams* p) {
   const SdpaParams& all = vp.packed;
   const int64_t q0 = vp.cu_q[n], k0 = vp.cu_k[n];
   p->len_q = vp.cu_q[n + 1] - q0;
   p->len_k = vp.cu_k[n + 1] - k0;
-  p->q.data = static_cast<const T*>(all.q.data) + q0 * all.q.row_stride;
-  p->out.data = static_cast<const T*>(all.out.data) + q0 * all.out.row_stride;
-  p->k.data = static_cast<const T*>(all.k.data) + k0 * all.k.row_stride;
-  p->v.data = static_cast<const T*>(all.v.data) + k0 * all.v.row_stride;
+  p->q.data = static_cast<const S*>(all.q.data) + q0 * all.q.row_stride;
+  p->out.data = static_cast<const S*>(all.out.data) + q0 * all.out.row_stride;
+  p->k.data = static_cast<const S*>(all.k.data) + k0 * all.k.row_stride;
+  p->v.data = static_cast<const S*>(all.v.data) + k0 * all.v.row_stride;
   p->diag_offset = vp.bottom_right ? p->len_k - p->len_q : 0;
   p->lse = vp.lse ? static_cast<T*>(vp.lse) + all.num_heads_q * q0 : nullptr;
 }
@@ -57,17 +57,17 @@ inline int64_t varlen_find(const int64_t* start, int64_t count, int64_t item) {
 
 // One work item of a sequence (merge: its task `item`'s merge) with the engine its plan
 // chose, laid out over the thread's scratch (sized for the largest plan of the call).
-template <typename T, bool kThin, bool kSplit>
+template <typename T, typename S, bool kThin, bool kSplit>
 inline void varlen_item(const SdpaParams& p, const VarlenSeq& s, T* partial, void* raw,
                         int64_t item, bool merge) {
   SdpaShared<T> sh;
   sh.partial = partial + s.partial;
-  SdpaEngine<T, T, T, kThin> eng(p, s.plan, sh);
+  SdpaEngine<T, S, S, kThin> eng(p, s.plan, sh);
   Arena a;
   a.base = static_cast<char*>(raw);
-  RowRef<T>* rows = a.take<RowRef<T>>(s.plan.max_rows);
+  RowRef<T, S>* rows = a.take<RowRef<T, S>>(s.plan.max_rows);
   eng.layout(a);
-  TaskView<T> tv;
+  TaskView<T, S, S> tv;
   const MaskSummary none;  // packed sequences take no mask
   if constexpr (kSplit) {
     if (merge) {
@@ -75,10 +75,11 @@ inline void varlen_item(const SdpaParams& p, const VarlenSeq& s, T* partial, voi
       return;
     }
   }
-  run_item<T, SdpaEngine<T, T, T, kThin>, kSplit>(p, s.plan, none, eng, rows, &tv, item);
+  run_item<T, SdpaEngine<T, S, S, kThin>, kSplit>(p, s.plan, none, eng, rows, &tv, item);
 }
 
-template <typename T>
+// S: the storage type of q/k/v/out (float16/bfloat16 read as stored, as in sdpa_forward).
+template <typename T, typename S = T>
 bool sdpa_varlen(const VarlenParams& vp) {
   const SdpaParams& all = vp.packed;
   const int64_t N = vp.num_seqs;
@@ -105,14 +106,16 @@ bool sdpa_varlen(const VarlenParams& vp) {
   item_start[0] = merge_start[0] = 0;
   for (int64_t i = 0; i < N; ++i) {
     const int64_t n = vp.order[i];
-    varlen_select<T>(vp, n, &sp);
+    varlen_select<T, S>(vp, n, &sp);
     VarlenSeq& s = seqs[n];
     s = VarlenSeq();
     int64_t items = 0, merges = 0;
     if (sp.len_q > 0) {
-      s.thin = sdpa_plan<T>(sp, 1, &s.plan);
+      s.thin = sdpa_plan<T, S>(sp, 1, &s.plan);
       items = s.plan.tasks * s.plan.key_splits;
       widest.max_rows = imax(widest.max_rows, s.plan.max_rows);
+      // (bfloat16 products take longer key blocks: sdpa_plan)
+      widest.block_k = imax(widest.block_k, s.plan.block_k);
       if (s.plan.key_splits > 1) {
         merges = s.plan.tasks;
         s.partial = partial_count;
@@ -139,7 +142,7 @@ bool sdpa_varlen(const VarlenParams& vp) {
   parallel_region(threads, [&] {
     SdpaParams p = all;  // this thread's view of the sequence it is working on
     void* raw = arena_allocate([&](Arena& a) {
-      a.take<RowRef<T>>(widest.max_rows);
+      a.take<RowRef<T, S>>(widest.max_rows);
       SdpaScratch<T> sc;
       sc.layout(a, all, widest);
     });
@@ -154,11 +157,11 @@ bool sdpa_varlen(const VarlenParams& vp) {
       const int64_t i = varlen_find(item_start, N, item);
       const int64_t n = vp.order[i];
       const VarlenSeq& s = seqs[n];
-      varlen_select<T>(vp, n, &p);
+      varlen_select<T, S>(vp, n, &p);
       const int64_t local = item - item_start[i];
       FASTATTN_BOOL_SWITCH(s.thin, kThin, [&] {
         FASTATTN_BOOL_SWITCH(s.plan.key_splits > 1, kSplit, [&] {
-          varlen_item<T, kThin, kSplit>(p, s, partial, raw, local, false);
+          varlen_item<T, S, kThin, kSplit>(p, s, partial, raw, local, false);
         });
       });
     }
@@ -169,9 +172,9 @@ bool sdpa_varlen(const VarlenParams& vp) {
       const int64_t i = varlen_find(merge_start, N, m);
       const int64_t n = vp.order[i];
       const VarlenSeq& s = seqs[n];
-      varlen_select<T>(vp, n, &p);
+      varlen_select<T, S>(vp, n, &p);
       FASTATTN_BOOL_SWITCH(s.thin, kThin, [&] {
-        varlen_item<T, kThin, true>(p, s, partial, raw, m - merge_start[i], true);
+        varlen_item<T, S, kThin, true>(p, s, partial, raw, m - merge_start[i], true);
       });
     }
     std::free(raw);
@@ -182,8 +185,14 @@ bool sdpa_varlen(const VarlenParams& vp) {
   return !failed;
 }
 
-bool sdpa_varlen_f32(const VarlenParams& params) { return sdpa_varlen<float>(params); }
+#if !defined(FASTATTN_DPBF16)  // the avx512bf16 TU defines its own entry point
+// float32 compute serves float32 arrays and the 16-bit storage types (packed.storage).
+bool sdpa_varlen_f32(const VarlenParams& params) {
+  return with_float_storage(params.packed.storage,
+                            [&](auto s) { return sdpa_varlen<float, decltype(s)>(params); });
+}
 bool sdpa_varlen_f64(const VarlenParams& params) { return sdpa_varlen<double>(params); }
+#endif  // !FASTATTN_DPBF16
 
 }  // namespace FASTATTN_ISA_NS
 }  // namespace fastattn

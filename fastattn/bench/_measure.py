@@ -193,12 +193,14 @@ def machine_limits(
     read_nbytes: int = 1 << 30,
     read_repeats: int = 3,
     fma_rounds: int = 3,
+    bf16_dot: bool = False,
 ) -> dict:
     """The machine's limits measured now with fastattn's own probes, at ``threads`` threads:
     the fused multiply-add peak of the active ISA per dtype (GFLOP/s; the best of
     ``fma_rounds`` probes, as other work on the machine and the clock ramping up only ever
-    lower a probe) and the memory read bandwidth (GB/s). A probe this build lacks gives
-    None: the report then says so."""
+    lower a probe) and the memory read bandwidth (GB/s); with ``bf16_dot`` (bfloat16 rows
+    to run) also the vdpbf16ps peak, where the active ISA has it (avx512bf16). A probe this
+    build (or ISA) lacks gives None: the report then says so."""
     from fastattn import _core
 
     limits = {
@@ -207,6 +209,7 @@ def machine_limits(
         "fma_peak_gflops": None,
         "fma_seconds": fma_seconds,
         "fma_rounds": fma_rounds,
+        "bf16_dot_peak_gflops": None,
         "read_bandwidth_gbs": None,
         "read_nbytes": read_nbytes,
         "read_repeats": read_repeats,
@@ -216,6 +219,13 @@ def machine_limits(
             d: max(float(_core.fma_peak(d, threads, fma_seconds)) for _ in range(fma_rounds))
             for d in dtypes
         }
+    if bf16_dot and hasattr(_core, "bf16_dot_peak"):
+        try:
+            limits["bf16_dot_peak_gflops"] = max(
+                float(_core.bf16_dot_peak(threads, fma_seconds)) for _ in range(fma_rounds)
+            )
+        except RuntimeError:  # not the avx512bf16 ISA: bfloat16 is widened to float32
+            pass
     if hasattr(_core, "read_bandwidth"):
         limits["read_bandwidth_gbs"] = float(
             _core.read_bandwidth(read_nbytes, threads, read_repeats)

@@ -156,6 +156,7 @@ def limits_lines(doc: dict) -> list[str]:
             f"the best of {lim.get('fma_rounds', 1)} probes of {lim['fma_seconds']:g} s per "
             "dtype)."
         )
+    out.extend(_bf16_peak_lines(doc, lim))
     if bw is None:
         out.append(
             "- Read bandwidth: not measured (this build has no "
@@ -168,6 +169,25 @@ def limits_lines(doc: dict) -> list[str]:
             f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']})."
         )
     return out
+
+
+def _bf16_peak_lines(doc: dict, lim: dict) -> list[str]:
+    """What bfloat16 rows' *% peak* is against (nothing when there are none)."""
+    if not any(row.get("dtype") == "bfloat16" for row in doc.get("rows", [])):
+        return []
+    dot = lim.get("bf16_dot_peak_gflops")
+    if dot:
+        return [
+            f"- bfloat16 dot peak, same run: **{dot:.1f} GFLOP/s** "
+            f"(`fastattn._core.bf16_dot_peak`: vdpbf16ps chains, 2 bfloat16 multiply-adds "
+            f"per float32 lane, {_threads(lim)}, the best of {lim.get('fma_rounds', 1)} "
+            f"probes of {lim['fma_seconds']:g} s): bfloat16 rows' *% peak* divides by it."
+        ]
+    return [
+        f"- bfloat16 rows' *% peak* is against the float32 FMA peak: the {lim.get('isa')} "
+        "ISA has no vdpbf16ps and widens bfloat16 to float32 "
+        "(`fastattn._core.bf16_dot_peak` is not available there)."
+    ]
 
 
 def _threads(lim: dict) -> str:
@@ -194,7 +214,8 @@ METHOD = """\
   masked softmax (nominal counts: compare the speed-ups there). *% peak* divides it, on the
   compute-bound rows (attention with more than one query row), by the FMA peak of the row's
   dtype measured at the start of this run with the same threads (see above): the machine's
-  ceiling. *% matmul* divides it by the float32 matrix-multiply rate of NumPy's `a @ b`
+  ceiling (bfloat16 rows: the vdpbf16ps peak on avx512bf16, else float32's). *% matmul*
+  divides it by the float32 matrix-multiply rate of NumPy's `a @ b`
   ({mm_n}x{mm_n}) measured the same way: a second yardstick, the BLAS a NumPy user has.
 - **Bandwidth.** On the memory-bound rows (decode, masked softmax) *GB/s* counts the bytes a
   call must move at least (every input read and the output written once: Q, K, V and the

@@ -156,7 +156,10 @@ def run(settings: Settings, progress=_progress) -> dict:
             f"{rate / 1e9:.1f} GFLOP/s (spread {mm.spread:.0%})"
         )
         limits = machine_limits(
-            sorted({compute_dtype(d) for _, d in rows}), threads, *LIMITS[settings.preset]
+            sorted({compute_dtype(d) for _, d in rows}),
+            threads,
+            *LIMITS[settings.preset],
+            bf16_dot=any(d == "bfloat16" for _, d in rows),
         )
         doc["limits"] = limits
         progress(limits_line(limits))
@@ -186,12 +189,23 @@ def limits_line(limits: dict) -> str:
     parts = [f"{d} FMA peak {g:.1f} GFLOP/s" for d, g in (peak or {}).items()] or [
         "FMA peak not measured (this build has no fma_peak probe)"
     ]
+    if limits.get("bf16_dot_peak_gflops"):
+        parts.append(f"bfloat16 vdpbf16ps peak {limits['bf16_dot_peak_gflops']:.1f} GFLOP/s")
     parts.append(
         f"read bandwidth {bw:.1f} GB/s"
         if bw is not None
         else "read bandwidth not measured (this build has no read_bandwidth probe)"
     )
     return f"machine limits ({limits['isa']}, {limits['threads']} threads): " + ", ".join(parts)
+
+
+def row_peak(limits: dict, dtype: str) -> float | None:
+    """The GFLOP/s a compute-bound row's *% peak* divides by: a bfloat16 row's is the
+    vdpbf16ps peak where the avx512bf16 ISA runs its products with it; every other row's
+    (bfloat16 widened elsewhere included) is its compute dtype's FMA peak."""
+    if dtype == "bfloat16" and limits.get("bf16_dot_peak_gflops"):
+        return limits["bf16_dot_peak_gflops"]
+    return (limits["fma_peak_gflops"] or {}).get(compute_dtype(dtype))
 
 
 def _measure_row(
@@ -201,11 +215,7 @@ def _measure_row(
     errors, first = work.first_calls()  # also the candidates' warm-up calls
     timings = measure(work.candidates, method=method, first_calls=first)
     flops, moved = case.flops(), case.bytes(dtype)
-    peak = (
-        (limits["fma_peak_gflops"] or {}).get(compute_dtype(dtype))
-        if case.bound == "compute"
-        else None
-    )
+    peak = row_peak(limits, dtype) if case.bound == "compute" else None
     bw = limits["read_bandwidth_gbs"] if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():
