@@ -6,8 +6,8 @@
 //     itself is not read again);
 //   - per chunk of kChunk keys (at multiples of kChunk, whatever the plan), a bit "some key
 //     visible" and a bit "every key visible".
-// It is built bit-parallel, eight mask bytes per 64-bit word. Skipping changes no
-// arithmetic on kept keys: a hidden key's probability is exactly 0, which adds nothing to a
+// It is built from one visible-key bitmap per chunk (a compare and a movemask per
+// vector: match_bits64). Skipping changes no arithmetic on kept keys: a hidden key's probability is exactly 0, which adds nothing to a
 // row's sum or output, and the blocked kernels keep columns at the same lane positions and
 // keys in the same order whatever they skip. Per ISA (include only inside a TU that
 // defines FASTATTN_ISA_NS).
@@ -48,30 +48,6 @@ struct MaskSummary {
 // Whether chunk c is set in a chunk bit set.
 inline bool chunk_bit(const uint64_t* bits, int64_t c) { return (bits[c / 64] >> (c % 64)) & 1; }
 
-// Bit 7 of each byte of the result is set where w has a zero byte (exact, no carries);
-// per 64-bit word, for a word or a Vec<uint64_t> of words.
-template <typename W>
-inline W zero_bytes(W w) {
-  constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7fULL;
-  return ~(((w & k7f) + k7f) | w | k7f);
-}
-
-// Whether a mask entry leaves its key visible: a true bool, a float other than -inf (a
-// -inf float entry removes the key exactly as False does; docs/semantics.md#float-mask).
-inline bool visible(uint8_t x) { return x != 0; }
-template <typename T>
-inline bool visible(T x) {
-  return x != -T(__builtin_inf());
-}
-
-// Whether m[j * cs] is visible for every j in [a, b).
-template <typename E>
-inline bool all_set(const E* m, int64_t cs, int64_t a, int64_t b) {
-  bool all = true;
-  for (int64_t j = a; j < b; ++j) all = all && visible(m[j * cs]);
-  return all;
-}
-
 // Whether some chunk c in [c0, c1) has its bit set in the words word(0), word(1), ...
 template <typename F>
 inline bool any_chunk(int64_t c0, int64_t c1, F word) {
@@ -84,80 +60,45 @@ inline bool any_chunk(int64_t c0, int64_t c1, F word) {
   return false;
 }
 
-// A whole contiguous chunk of a bool row [c0, c0 + kChunk) by whole vectors of words
-// (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full; a float
-// chunk likewise by vectors of entries. False (not done) for strided rows and the short
-// last chunk.
+// Bit j set where the mask entry m[(c0 + j) * cs] leaves its key visible, j < n <= kChunk
+// (a true bool; a float other than -inf, which removes its key exactly as False does:
+// docs/semantics.md#float-mask). A whole contiguous chunk is one bitmap compare
+// (match_bits64); a strided row or the short last chunk goes entry by entry.
 template <typename E>
-inline bool chunk_words(const E* m, int64_t cs, int64_t c0, int64_t n, bool* any, bool* full) {
-  if constexpr (std::is_same_v<E, uint8_t>) {
-    if (cs != 1 || n != kChunk) return false;
-    using W = Vec<uint64_t>;
-    constexpr int64_t kWordBytes = int64_t(sizeof(W));
-    W ors = W{}, zeros = W{};
-    for (int64_t j = 0; j < kChunk; j += kWordBytes) {
-      W w;
-      std::memcpy(&w, m + c0 + j, sizeof(W));
-      ors |= w;
-      zeros |= zero_bytes(w);
-    }
-    uint64_t o = 0, z = 0;
-    for (int l = 0; l < kLanes<uint64_t>; ++l) {
-      o |= ors[l];
-      z |= zeros[l];
-    }
-    *any = o != 0;
-    *full = z == 0;
-    return true;
-  } else {
-    // A contiguous float chunk: lane compares against -inf, whole vectors (the scalar
-    // count would read the chunk one entry at a time).
-    if (cs != 1 || n != kChunk) return false;
-    using M = typename MaskOf<E>::type;
-    constexpr int L = kLanes<E>;
-    const Vec<E> neg_inf = vbroadcast(-E(__builtin_inf()));
-    M some_hidden = M{}, all_hidden = M{} - 1;
-    for (int64_t j = 0; j < kChunk; j += L) {
-      const M h = vload(m + c0 + j) == neg_inf;
-      some_hidden |= h;
-      all_hidden &= h;
-    }
-    bool sh = false, ah = true;
-    for (int l = 0; l < L; ++l) {
-      sh = sh || some_hidden[l] != 0;
-      ah = ah && all_hidden[l] != 0;
-    }
-    *any = !ah;
-    *full = !sh;
-    return true;
-  }
+inline uint64_t visible_bits(const E* m, int64_t cs, int64_t c0, int64_t n) {
+  static_assert(kChunk == 64, "one 64-bit word per chunk");
+  const E hidden = std::is_same_v<E, uint8_t> ? E(0) : -E(__builtin_inf());
+  if (cs == 1 && n == kChunk) return ~match_bits64(m + c0, hidden);
+  uint64_t b = 0;
+  for (int64_t j = 0; j < n; ++j) b |= uint64_t(m[(c0 + j) * cs] != hidden) << j;
+  return b;
 }
 
 // Summarises the mask row m (len keys, column stride cs; bool bytes or float entries) into
-// dst (row_words words). A contiguous bool row's chunk bits take one pass of word ORs and
-// zero-byte tests (which the compiler vectorises); only the first and last chunks that keep
-// a key are then read entry by entry.
+// dst (row_words words), from each chunk's visible-key bitmap: its some/all bits, and the
+// row's first and last visible keys and whether it is an interval from the bitmaps of the
+// first and last chunks that keep a key.
 template <typename E>
 inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
   uint64_t* some = dst + kSumHeader;
   uint64_t* all = some + words;
   std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
   int64_t first_chunk = -1, last_chunk = -1;
+  uint64_t first_bits = 0, last_bits = 0;
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int64_t n = imin(kChunk, len - c0);
-    bool any, full;
-    if (!chunk_words(m, cs, c0, n, &any, &full)) {
-      int64_t seen = 0;
-      for (int64_t j = 0; j < n; ++j) seen += visible(m[(c0 + j) * cs]);
-      any = seen > 0;
-      full = seen == n;
-    }
-    if (!any) continue;
+    const uint64_t bits = visible_bits(m, cs, c0, n);
+    if (!bits) continue;
     const int64_t c = c0 / kChunk;
     some[c / 64] |= uint64_t(1) << (c % 64);
-    if (full) all[c / 64] |= uint64_t(1) << (c % 64);
-    if (first_chunk < 0) first_chunk = c;
+    if (bits == (n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1))
+      all[c / 64] |= uint64_t(1) << (c % 64);
+    if (first_chunk < 0) {
+      first_chunk = c;
+      first_bits = bits;
+    }
     last_chunk = c;
+    last_bits = bits;
   }
   if (first_chunk < 0) {
     dst[kSumFirst] = dst[kSumLast] = 0;
@@ -165,16 +106,19 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
     dst[kSumChunky] = 0;
     return;
   }
-  int64_t first = first_chunk * kChunk, last = imin(len, (last_chunk + 1) * kChunk);
-  while (!visible(m[first * cs])) ++first;
-  while (!visible(m[(last - 1) * cs])) --last;
-  // An interval iff every key in [first, last) is kept: whole chunks between the first
-  // and the last chunk by their bits (a word at a time), the two edge chunks key by key.
-  bool interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; });
-  if (interval) {
-    const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
-    interval = all_set(m, cs, first, end_first) &&
-               all_set(m, cs, imax(end_first, last_chunk * kChunk), last);
+  const int lo_bit = __builtin_ctzll(first_bits), hi_bit = 63 - __builtin_clzll(last_bits);
+  const int64_t first = first_chunk * kChunk + lo_bit, last = last_chunk * kChunk + hi_bit + 1;
+  // An interval iff every key in [first, last) is kept: the visible bits of the first
+  // chunk run unbroken from lo_bit (to its end, or to hi_bit when it is also the last),
+  // the last chunk's from 0 to hi_bit, and every chunk between is whole.
+  bool interval;
+  if (first_chunk == last_chunk) {
+    const uint64_t run = first_bits >> lo_bit;
+    interval = (run & (run + 1)) == 0;
+  } else {
+    interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; }) &&
+               (first_bits >> lo_bit) == (~uint64_t(0) >> lo_bit) &&
+               (last_bits & (last_bits + 1)) == 0;
   }
   // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
   // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
