@@ -7,10 +7,10 @@
 //   - per chunk of kChunk keys (at multiples of kChunk, whatever the plan), a bit "some key
 //     visible" and a bit "every key visible".
 // It is built from one visible-key bitmap per chunk (a compare and a movemask per
-// vector: match_bits64). Skipping changes no arithmetic on kept keys: a hidden key's probability is exactly 0, which adds nothing to a
-// row's sum or output, and the blocked kernels keep columns at the same lane positions and
-// keys in the same order whatever they skip. Per ISA (include only inside a TU that
-// defines FASTATTN_ISA_NS).
+// vector: match_bits64). Skipping changes no arithmetic on kept keys: a hidden key's probability is
+// exactly 0, which adds nothing to a row's sum or output, and the blocked kernels keep columns at
+// the same lane positions and keys in the same order whatever they skip. Per ISA (include only
+// inside a TU that defines FASTATTN_ISA_NS).
 #pragma once  // per translation unit
 
 #include <cstdint>
@@ -43,6 +43,8 @@ struct MaskSummary {
   int64_t row_words = 0;     // kSumHeader + 2 * words
   int64_t batch_stride[kMaxBatchDims] = {};
   int64_t head_stride = 0, row_stride = 0;
+  int64_t rows = 0;    // distinct mask rows
+  bool owned = false;  // data was allocated here (std::free it); else the call's prebuilt one
 };
 
 // Whether chunk c is set in a chunk bit set.
@@ -130,17 +132,11 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
   dst[kSumChunky] = chunky;
 }
 
-// The summary of p's mask (summary->data null if there is none or allocation failed;
-// std::free it): its bool mask, else its float mask (in the compute type T; -inf hides).
-// With both, the bool mask's alone (the float pass still removes the -inf keys). Rows are
-// split among the call's threads.
-template <typename T>
-inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
-  sum->data = nullptr;
+// The row layout of the summary of p's mask (its bool mask, else its float mask: the
+// mask the summary reads): distinct rows in C order over the mask's non-broadcast axes.
+inline const StridedView& summary_layout(const AttnParams& p, MaskSummary* sum) {
   sum->is_float = !p.bool_mask.data;
   const StridedView& bm = sum->is_float ? p.float_mask : p.bool_mask;
-  if (!bm.data || p.len_k == 0) return;
-  // Distinct rows: C order over the mask's non-broadcast axes.
   sum->words = ((p.len_k + kChunk - 1) / kChunk + 63) / 64;
   sum->row_words = kSumHeader + 2 * sum->words;
   int64_t rows = 1;
@@ -152,10 +148,16 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
     sum->batch_stride[d] = bm.batch_stride[d] ? rows : 0;
     rows *= bm.batch_stride[d] ? p.batch_shape[d] : 1;
   }
-  if (rows == 0) return;
-  sum->data = static_cast<uint64_t*>(
-      std::aligned_alloc(64, size_t(round_up(rows * sum->row_words * 8, 64))));
-  if (!sum->data) return;
+  sum->rows = rows;
+  return bm;
+}
+
+// Fills dst (sum->rows x sum->row_words words, laid out by summary_layout) from p's mask;
+// rows are split among the call's threads.
+template <typename T>
+inline void fill_summary(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
+                         uint64_t* dst) {
+  const int64_t rows = sum.rows;
   const int64_t nh = bm.head_stride ? p.num_heads_q : 1, nr = bm.row_stride ? p.len_q : 1;
   const int threads = int(imax(1, imin(p.num_threads, rows / 64 + 1)));
   parallel_region(threads, [&] {
@@ -172,15 +174,41 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
       const int64_t h = idx / nr % nh, i = idx % nr;
       const int64_t off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
                           i * bm.row_stride;
-      uint64_t* dst = sum->data + idx * sum->row_words;
-      if (sum->is_float)
-        summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum->words,
-                      dst);
+      uint64_t* row = dst + idx * sum.row_words;
+      if (sum.is_float)
+        summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum.words, row);
       else
-        summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k,
-                      sum->words, dst);
+        summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k, sum.words,
+                      row);
     }
   });
+}
+
+// The summary of p's mask (summary->data null if there is none or allocation failed; free
+// with release_summary): its bool mask, else its float mask (in the compute type T; -inf
+// hides). With both, the bool mask's alone (the float pass still removes the -inf keys).
+// A summary built ahead (p.mask_summary) is taken as it is when it is of this very mask.
+template <typename T>
+inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
+  sum->data = nullptr;
+  sum->owned = false;
+  const StridedView& bm = summary_layout(p, sum);
+  if (!bm.data || p.len_k == 0 || sum->rows == 0) return;
+  if (p.mask_summary && !sum->is_float && p.mask_summary_of == bm.data &&
+      p.mask_summary_rows == sum->rows && p.mask_summary_row_words == sum->row_words) {
+    sum->data = const_cast<uint64_t*>(p.mask_summary);  // read only
+    return;
+  }
+  sum->data = static_cast<uint64_t*>(
+      std::aligned_alloc(64, size_t(round_up(sum->rows * sum->row_words * 8, 64))));
+  if (!sum->data) return;
+  sum->owned = true;
+  fill_summary<T>(p, bm, *sum, sum->data);
+}
+
+inline void release_summary(MaskSummary* sum) {
+  if (sum->owned) std::free(sum->data);
+  sum->data = nullptr;
 }
 
 // The summary row of (batch coords, query head h, query row i).

@@ -138,14 +138,13 @@ inline uint64_t match_bits64(const E* p, E x) {
       return _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(p), _mm512_set1_epi8(char(x)));
     } else if constexpr (sizeof(E) == 4) {
       for (int i = 0; i < 4; ++i)
-        b |= uint64_t(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + 16 * i), _mm512_set1_ps(x),
-                                         _CMP_EQ_OQ))
-             << (16 * i);
+        b |=
+            uint64_t(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + 16 * i), _mm512_set1_ps(x), _CMP_EQ_OQ))
+            << (16 * i);
       return b;
     } else {
       for (int i = 0; i < 8; ++i)
-        b |= uint64_t(_mm512_cmp_pd_mask(_mm512_loadu_pd(p + 8 * i), _mm512_set1_pd(x),
-                                         _CMP_EQ_OQ))
+        b |= uint64_t(_mm512_cmp_pd_mask(_mm512_loadu_pd(p + 8 * i), _mm512_set1_pd(x), _CMP_EQ_OQ))
              << (8 * i);
       return b;
     }
@@ -178,8 +177,8 @@ inline uint64_t match_bits64(const E* p, E x) {
     if constexpr (sizeof(E) == 1) {
       const __m128i v = _mm_set1_epi8(char(x));
       for (int i = 0; i < 4; ++i)
-        b |= uint64_t(uint32_t(_mm_movemask_epi8(_mm_cmpeq_epi8(
-                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), v))))
+        b |= uint64_t(uint32_t(_mm_movemask_epi8(
+                 _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), v))))
              << (16 * i);
     } else if constexpr (sizeof(E) == 4) {
       for (int i = 0; i < 16; ++i)
