@@ -114,6 +114,15 @@ inline bool block_seen(const RowRef<T, S>* rows, int64_t nrows, int64_t kb, int6
   return false;
 }
 
+// Whether a normaliser's weights start as the masked scores, finished into probabilities
+// (OnlineSoftmax: a key no block scores must then hold -inf), or are written only where
+// it puts weight over the zeros of begin (SelectTopK: kWeightsFromScores = false).
+template <typename N, typename = void>
+struct weights_from_scores : std::true_type {};
+template <typename N>
+struct weights_from_scores<N, std::void_t<decltype(N::kWeightsFromScores)>>
+    : std::bool_constant<N::kWeightsFromScores> {};
+
 // The driver's engine for a score source and a normaliser: score each key block, apply
 // the masks, hand the block to the normaliser. Not splittable over keys: the normalisers
 // (heaps, kernel sums) keep no state that merges. Reads the bool mask's summary: rows are
@@ -158,13 +167,15 @@ struct FamilyEngine {
   void block(const TaskView<T, S, S>&, int64_t kb, int64_t n) {
     const int64_t ld = plan.block_k, ncols = round_up(n, kColTile<T>);
     if (!block_seen(t.rows, t.nrows, kb, n)) {
-      // Hidden from every row: the weights in the rows' ranges keep the masked score -inf.
-      for (int64_t r = 0; r < t.nrows; ++r) {
-        const RowRef<T, S>& row = t.rows[r];
-        if (row.weights)
-          for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
-            row.weights[j] = neg_inf<T>();
-      }
+      // Hidden from every row: the weights in the rows' ranges keep the masked score -inf
+      // (a selecting normaliser's stay 0).
+      if constexpr (weights_from_scores<Norm>::value)
+        for (int64_t r = 0; r < t.nrows; ++r) {
+          const RowRef<T, S>& row = t.rows[r];
+          if (row.weights)
+            for (int64_t j = imax(row.lo, kb); j < imin(row.hi, kb + n); ++j)
+              row.weights[j] = neg_inf<T>();
+        }
       return;
     }
     sc.block(t, kb, n, ncols, s, ld);
@@ -408,6 +419,7 @@ struct OnlineSoftmax {
 // kept scores.
 template <typename T>
 struct SelectTopK {
+  static constexpr bool kWeightsFromScores = false;  // written at the kept keys only
   const FamilyParams& p;
   int64_t k;
   T* hs = nullptr;        // block_q x k scores

@@ -84,7 +84,7 @@ template <typename E>
 inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
   uint64_t* some = dst + kSumHeader;
   uint64_t* all = some + words;
-  std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
+  for (int64_t w = 0; w < 2 * words; ++w) some[w] = 0;  // a word or two: no memset call
   int64_t first_chunk = -1, last_chunk = -1;
   uint64_t first_bits = 0, last_bits = 0;
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
@@ -152,36 +152,67 @@ inline const StridedView& summary_layout(const AttnParams& p, MaskSummary* sum) 
   return bm;
 }
 
-// Fills dst (sum->rows x sum->row_words words, laid out by summary_layout) from p's mask;
-// rows are split among the call's threads.
+// Fills rows [r0, r1) of dst (sum.rows x sum.row_words words, laid out by summary_layout)
+// from p's mask.
 template <typename T>
-inline void fill_summary(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
-                         uint64_t* dst) {
-  const int64_t rows = sum.rows;
+inline void fill_summary_rows(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
+                              int64_t r0, int64_t r1, uint64_t* dst) {
   const int64_t nh = bm.head_stride ? p.num_heads_q : 1, nr = bm.row_stride ? p.len_q : 1;
-  const int threads = int(imax(1, imin(p.num_threads, rows / 64 + 1)));
-  parallel_region(threads, [&] {
-    int64_t coord[kMaxBatchDims];
-#pragma omp for schedule(static)
-    for (int64_t idx = 0; idx < rows; ++idx) {
-      // idx -> (batch coords over non-broadcast axes, head, row), C order
-      int64_t rest = idx / (nh * nr);
+  int64_t coord[kMaxBatchDims];
+  int64_t last_head = -1, head_off = 0;  // the offset of the (batch, head) of idx
+  for (int64_t idx = r0; idx < r1; ++idx) {
+    // idx -> (batch coords over non-broadcast axes, head, row), C order; the batch
+    // coords only when the head changes (rows of a head are consecutive)
+    const int64_t bh = idx / nr, i = idx % nr;
+    if (bh != last_head) {
+      int64_t rest = bh / nh;
       for (int64_t d = p.batch_ndim - 1; d >= 0; --d) {
         const int64_t ext = bm.batch_stride[d] ? p.batch_shape[d] : 1;
         coord[d] = rest % ext;
         rest /= ext;
       }
-      const int64_t h = idx / nr % nh, i = idx % nr;
-      const int64_t off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
-                          i * bm.row_stride;
-      uint64_t* row = dst + idx * sum.row_words;
-      if (sum.is_float)
-        summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum.words, row);
-      else
-        summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k, sum.words,
-                      row);
+      head_off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + bh % nh * bm.head_stride;
+      last_head = bh;
     }
+    const int64_t off = head_off + i * bm.row_stride;
+    uint64_t* row = dst + idx * sum.row_words;
+    if (sum.is_float)
+      summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum.words, row);
+    else
+      summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k, sum.words,
+                    row);
+  }
+}
+
+// Every row of dst, split among the call's threads in runs of 64 rows.
+template <typename T>
+inline void fill_summary(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
+                         uint64_t* dst) {
+  const int64_t runs = (sum.rows + 63) / 64;
+  const int threads = int(imax(1, imin(p.num_threads, runs)));
+  parallel_region(threads, [&] {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < runs; ++r)
+      fill_summary_rows<T>(p, bm, sum, r * 64, imin(sum.rows, r * 64 + 64), dst);
   });
+}
+
+inline void release_summary(MaskSummary* sum) {
+  if (sum->owned) std::free(sum->data);
+  sum->data = nullptr;
+}
+
+// Whether a summary row lets the kernel skip work: its visible range leaves out a whole
+// chunk, or some chunk in it is hidden, or (bool masks) the row is an interval (its mask
+// is not read again) or has a whole chunk (read without its mask). A float mask is added
+// to every visible key, so only hidden keys save work there.
+inline bool row_saves_work(const uint64_t* row, int64_t len_k, int64_t words, bool is_float) {
+  const int64_t first = int64_t(row[kSumFirst]), last = int64_t(row[kSumLast]);
+  if (first >= last || first >= kChunk || last <= len_k - kChunk) return true;
+  const uint64_t* some = row + kSumHeader;
+  const int64_t c1 = (last + kChunk - 1) / kChunk;
+  if (any_chunk(first / kChunk, c1, [&](int64_t w) { return ~some[w]; })) return true;
+  return !is_float && (row[kSumInterval] || row[kSumChunky]);
 }
 
 // The summary of p's mask (summary->data null if there is none or allocation failed; free
@@ -203,12 +234,25 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
       std::aligned_alloc(64, size_t(round_up(sum->rows * sum->row_words * 8, 64))));
   if (!sum->data) return;
   sum->owned = true;
+  // A mask that hides nothing the kernel could skip (dense, mixed all through) costs its
+  // summary for nothing: evenly spaced sample rows are summarised first, and if none of
+  // them saves work, the call goes without a summary (the plain mask pass, as before
+  // tiles were skipped). Skipping changes no arithmetic, so this only decides speed.
+  constexpr int64_t kSampleRows = 16;
+  if (sum->rows >= 8 * kSampleRows) {
+    bool saves = false;
+    for (int64_t k = 0; k < kSampleRows && !saves; ++k) {
+      const int64_t idx = k * (sum->rows - 1) / (kSampleRows - 1);
+      uint64_t* row = sum->data + idx * sum->row_words;
+      fill_summary_rows<T>(p, bm, *sum, idx, idx + 1, sum->data);
+      saves = row_saves_work(row, p.len_k, sum->words, sum->is_float);
+    }
+    if (!saves) {
+      release_summary(sum);
+      return;
+    }
+  }
   fill_summary<T>(p, bm, *sum, sum->data);
-}
-
-inline void release_summary(MaskSummary* sum) {
-  if (sum->owned) std::free(sum->data);
-  sum->data = nullptr;
 }
 
 // The summary row of (batch coords, query head h, query row i).
