@@ -270,16 +270,21 @@ template <typename T, typename S>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
                              const int64_t* coord, RowRef<T, S>* rows, int64_t* klo, int64_t* khi) {
   int64_t lo_all = p.len_k, hi_all = 0;  // empty
-  for (int64_t r = 0; r < c.heads * c.nq; ++r) {
-    RowRef<T, S>& row = rows[r];
-    const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
-    row.lo = imax(row.lo, int64_t(s[kSumFirst]));
-    row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
-    if (s[kSumInterval] && !sum.is_float) row.bmask = nullptr;
-    row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
-    if (row.lo < row.hi) {
-      lo_all = imin(lo_all, row.lo);
-      hi_all = imax(hi_all, row.hi);
+  // Per head, the first row's summary, then one step per query row (no index arithmetic
+  // per row: short rows, as key padding gives, would pay it on every one).
+  const int64_t step = sum.row_stride * sum.row_words;
+  for (int64_t h = 0; h < c.heads; ++h) {
+    const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + h, c.i0);
+    for (int64_t i = 0; i < c.nq; ++i, s += step) {
+      RowRef<T, S>& row = rows[h * c.nq + i];
+      row.lo = imax(row.lo, int64_t(s[kSumFirst]));
+      row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
+      if (s[kSumInterval] && !sum.is_float) row.bmask = nullptr;
+      row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
+      if (row.lo < row.hi) {
+        lo_all = imin(lo_all, row.lo);
+        hi_all = imax(hi_all, row.hi);
+      }
     }
   }
   *klo = lo_all;
