@@ -3,7 +3,9 @@ skip, for a mask reused across layers or calls (block-sparse, local + global, ke
 
 The kernels themselves summarise any bool mask once per call (which keys each mask row
 leaves visible, per chunk of 64 keys) and skip what it hides; a BlockMask is that mask
-checked and frozen once, read-only, with its per-tile counts for inspection. It means
+checked and frozen once, read-only, with that summary built once (by the kernels' own
+function) and handed to every scaled_dot_product_attention call it is passed to, and its
+per-tile counts for inspection. It means
 exactly its dense mask (it is an array-like: ``np.asarray`` gives the mask), so
 ``attn_mask=block_mask(m)`` gives bit for bit the result of ``attn_mask=m`` wherever an
 attn_mask is taken."""
@@ -15,8 +17,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastattn import _core, _threads
+
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
+
+
+_MAX_MASK_DIMS = 64  # batch dims + (H, Lq, Lk): the most a kernel call takes
 
 
 class BlockMask:
@@ -35,16 +42,22 @@ class BlockMask:
         Kept entries per ``block_size x block_size`` tile (edge tiles are smaller).
     """
 
-    __slots__ = ("_block_size", "_mask", "_tile_counts")
+    __slots__ = ("_block_size", "_mask", "_summary", "_tile_counts")
 
-    def __init__(self, mask: NDArray[np.bool_], block_size: int, tile_counts: NDArray):
+    def __init__(
+        self, mask: NDArray[np.bool_], block_size: int, tile_counts: NDArray, summary=None
+    ):
         self._mask = mask
         self._block_size = block_size
+        self._summary = summary
         self._tile_counts = tile_counts
 
     mask = property(lambda self: self._mask)
     block_size = property(lambda self: self._block_size)
     tile_counts = property(lambda self: self._tile_counts)
+    # The kernels' summary of ``mask`` (opaque; None for an empty mask), which
+    # scaled_dot_product_attention hands to its kernel with the mask.
+    summary = property(lambda self: self._summary)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -124,7 +137,11 @@ def block_mask(mask: ArrayLike, *, block_size: int = 64) -> BlockMask:
         raise ValueError(f"block_mask: block_size must be >= 1, got {bs}")
     m = np.array(m, dtype=np.bool_, order="C", copy=True)
     m.flags.writeable = False
-    return BlockMask(m, bs, _tile_counts(m, bs))
+    # Built here once, by the function each call would run (kernels/block_mask-inl.h).
+    summary = None
+    if m.size and m.ndim <= _MAX_MASK_DIMS:
+        summary = _core.mask_summary(m, _threads.resolve(None))
+    return BlockMask(m, bs, _tile_counts(m, bs), summary)
 
 
 def _tile_counts(m: np.ndarray, bs: int) -> np.ndarray:

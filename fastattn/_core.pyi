@@ -49,6 +49,15 @@ class _SdpaArgs(_AttentionArgs, total=False):
     softcap: float
     key_scale: NDArray[np.float32] | None
     value_scale: NDArray[np.float32] | None
+    mask_summary: MaskSummary | None
+
+class MaskSummary:
+    """A bool mask's tile summary (fastattn.block_mask); opaque."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+def mask_summary(mask: NDArray[np.bool_], num_threads: int) -> MaskSummary: ...
 
 class _VarlenArgs(_AttentionArgs, total=False):
     cu_seqlens_q: Required[NDArray[np.int64]]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
+from fastattn._block_mask import BlockMask
 from fastattn._prepare import (
     attention_buffers,
     attention_result,
@@ -245,10 +246,13 @@ def scaled_dot_product_attention(
             },
         )
 
-    return compute(args, out, want_lse, want_weights, threads)
+    # A BlockMask carries its mask's tile summary: the kernel reads it rather than
+    # summarising the mask again (it checks that the summary is of the mask it gets).
+    summary = attn_mask.summary if isinstance(attn_mask, BlockMask) else None
+    return compute(args, out, want_lse, want_weights, threads, summary)
 
 
-def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
+def compute(args, out, want_lse: bool, want_weights: bool, threads: int, mask_summary=None):
     """The checked call, computed on the CPU kernels (also the Dask path's blocks, which
     set ``args.diag_offset`` to the block's absolute offset)."""
     # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
@@ -278,6 +282,7 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
         softcap=args.softcap or 0.0,
         **shared_options(args, threads),
         **scales,
+        mask_summary=mask_summary,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

@@ -69,6 +69,14 @@ struct AttnParams {
   int64_t window_left = -1, window_right = -1;
 
   int num_threads = 1;
+
+  // A summary of bool_mask built ahead of the call (fastattn.block_mask; the layout of
+  // kernels/mask_summary-inl.h): mask_summary_rows x mask_summary_row_words words, of the
+  // mask whose data is mask_summary_of. The kernel uses it only for that very mask (same
+  // data, same row layout), else it summarises the mask itself; null: none.
+  const uint64_t* mask_summary = nullptr;
+  const void* mask_summary_of = nullptr;
+  int64_t mask_summary_rows = 0, mask_summary_row_words = 0;
 };
 
 // scaled_dot_product_attention: dot scores (dim_k == dim_q), optional softcap, online softmax.

@@ -71,6 +71,41 @@ void check_sdpa(const SdpaCall& c, const char* fn, SdpaParams* out) {
   }
   p.num_threads = threads_for(p);
   p.l1_bytes = l1_data_cache_bytes();
+  p.mask_summary = c.mask_summary;
+  p.mask_summary_of = c.mask_summary_of;
+  p.mask_summary_rows = c.mask_summary_rows;
+  p.mask_summary_row_words = c.mask_summary_row_words;
+}
+
+int64_t summarise_bool_mask(const void* data, const int64_t* shape, int64_t ndim, int num_threads,
+                            std::vector<uint64_t>* words, int64_t* row_words) {
+  // The mask alone, as a call sees it: batch dims, heads (axis -3), rows, keys; C strides.
+  AttnParams p;
+  p.batch_ndim = ndim >= 3 ? ndim - 3 : 0;
+  for (int64_t d = 0; d < p.batch_ndim; ++d) p.batch_shape[d] = shape[d];
+  p.num_heads_q = ndim >= 3 ? shape[ndim - 3] : 1;
+  p.len_q = shape[ndim - 2];
+  p.len_k = shape[ndim - 1];
+  p.num_threads = num_threads;
+  p.bool_mask.data = data;
+  int64_t stride = 1;
+  p.bool_mask.col_stride = stride;
+  stride *= shape[ndim - 1];
+  p.bool_mask.row_stride = stride;
+  stride *= shape[ndim - 2];
+  if (ndim >= 3) {
+    p.bool_mask.head_stride = stride;
+    stride *= shape[ndim - 3];
+  }
+  for (int64_t d = p.batch_ndim - 1; d >= 0; --d) {
+    p.bool_mask.batch_stride[d] = stride;
+    stride *= shape[d];
+  }
+  const KernelTable& kernels = active_kernels();
+  const int64_t rows = kernels.mask_summary_f32(p, nullptr, row_words);
+  words->assign(size_t(rows * *row_words), 0);
+  kernels.mask_summary_f32(p, words->data(), row_words);
+  return rows;
 }
 
 void scaled_dot_product_attention(const SdpaCall& c) {

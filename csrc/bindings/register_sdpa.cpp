@@ -283,23 +283,63 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
   }
 }
 
+// fastattn.block_mask's summary of its mask: the words (kernels/mask_summary-inl.h), and
+// the mask they summarise, held so that its data outlives the summary.
+struct PrebuiltMaskSummary {
+  py::array mask;
+  std::vector<uint64_t> words;
+  int64_t rows = 0, row_words = 0;
+};
+
 }  // namespace
 
 void register_sdpa(py::module_& m) {
+  py::class_<PrebuiltMaskSummary>(m, "MaskSummary",
+                                  "A bool mask's tile summary (fastattn.block_mask); opaque.")
+      .def_property_readonly("nbytes",
+                             [](const PrebuiltMaskSummary& s) { return s.words.size() * 8; });
+  m.def(
+      "mask_summary",
+      [](const py::array& mask, int num_threads) {
+        // _block_mask.py hands a C-contiguous bool array of 2 to kMaxBatchDims + 3 dims.
+        const int64_t nd = mask.ndim();
+        if (mask.dtype().kind() != 'b' || nd < 2 || nd > kMaxBatchDims + 3 ||
+            !(mask.flags() & py::array::c_style))
+          throw py::value_error("mask_summary: mask must be a C-contiguous bool array, 2-D+");
+        PrebuiltMaskSummary s;
+        s.mask = mask;
+        std::vector<int64_t> shape(mask.shape(), mask.shape() + nd);
+        {
+          py::gil_scoped_release release;
+          s.rows = summarise_bool_mask(mask.data(), shape.data(), nd, num_threads, &s.words,
+                                       &s.row_words);
+        }
+        return s;
+      },
+      py::arg("mask"), py::arg("num_threads"),
+      "The tile summary of a bool mask, which sdpa(mask_summary=...) reads instead of "
+      "summarising that mask again (see fastattn/_block_mask.py).");
   // The shared keyword arguments (query ... num_threads) are attention_args.h's.
   def_attention(
       m, "sdpa",
-      [](SdpaCall& call, double softcap, const py::object& key_scale,
-         const py::object& value_scale) {
+      [](SdpaCall& call, double softcap, const py::object& key_scale, const py::object& value_scale,
+         const py::object& mask_summary) {
         call.softcap = softcap;
         call.key_scale = array_ref(key_scale, "key_scale");
         call.value_scale = array_ref(value_scale, "value_scale");
+        if (!mask_summary.is_none()) {
+          const auto& s = mask_summary.cast<const PrebuiltMaskSummary&>();
+          call.mask_summary = s.words.data();
+          call.mask_summary_of = s.mask.data();
+          call.mask_summary_rows = s.rows;
+          call.mask_summary_row_words = s.row_words;
+        }
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);
       },
       "Blocked attention on validated, broadcast arrays (see fastattn/_sdpa.py).",
       py::arg("softcap") = 0.0, py::arg("key_scale") = py::none(),
-      py::arg("value_scale") = py::none());
+      py::arg("value_scale") = py::none(), py::arg("mask_summary") = py::none());
 
   m.def(
       "merge_states",

@@ -181,7 +181,7 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
     }
     std::free(raw);
   });
-  std::free(sum.data);
+  release_summary(&sum);
   return !failed;
 }
 

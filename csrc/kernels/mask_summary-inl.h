@@ -6,11 +6,11 @@
 //     itself is not read again);
 //   - per chunk of kChunk keys (at multiples of kChunk, whatever the plan), a bit "some key
 //     visible" and a bit "every key visible".
-// It is built bit-parallel, eight mask bytes per 64-bit word. Skipping changes no
-// arithmetic on kept keys: a hidden key's probability is exactly 0, which adds nothing to a
-// row's sum or output, and the blocked kernels keep columns at the same lane positions and
-// keys in the same order whatever they skip. Per ISA (include only inside a TU that
-// defines FASTATTN_ISA_NS).
+// It is built from one visible-key bitmap per chunk (a compare and a movemask per
+// vector: match_bits64). Skipping changes no arithmetic on kept keys: a hidden key's probability is
+// exactly 0, which adds nothing to a row's sum or output, and the blocked kernels keep columns at
+// the same lane positions and keys in the same order whatever they skip. Per ISA (include only
+// inside a TU that defines FASTATTN_ISA_NS).
 #pragma once  // per translation unit
 
 #include <cstdint>
@@ -43,34 +43,12 @@ struct MaskSummary {
   int64_t row_words = 0;     // kSumHeader + 2 * words
   int64_t batch_stride[kMaxBatchDims] = {};
   int64_t head_stride = 0, row_stride = 0;
+  int64_t rows = 0;    // distinct mask rows
+  bool owned = false;  // data was allocated here (std::free it); else the call's prebuilt one
 };
 
 // Whether chunk c is set in a chunk bit set.
 inline bool chunk_bit(const uint64_t* bits, int64_t c) { return (bits[c / 64] >> (c % 64)) & 1; }
-
-// Bit 7 of each byte of the result is set where w has a zero byte (exact, no carries);
-// per 64-bit word, for a word or a Vec<uint64_t> of words.
-template <typename W>
-inline W zero_bytes(W w) {
-  constexpr uint64_t k7f = 0x7f7f7f7f7f7f7f7fULL;
-  return ~(((w & k7f) + k7f) | w | k7f);
-}
-
-// Whether a mask entry leaves its key visible: a true bool, a float other than -inf (a
-// -inf float entry removes the key exactly as False does; docs/semantics.md#float-mask).
-inline bool visible(uint8_t x) { return x != 0; }
-template <typename T>
-inline bool visible(T x) {
-  return x != -T(__builtin_inf());
-}
-
-// Whether m[j * cs] is visible for every j in [a, b).
-template <typename E>
-inline bool all_set(const E* m, int64_t cs, int64_t a, int64_t b) {
-  bool all = true;
-  for (int64_t j = a; j < b; ++j) all = all && visible(m[j * cs]);
-  return all;
-}
 
 // Whether some chunk c in [c0, c1) has its bit set in the words word(0), word(1), ...
 template <typename F>
@@ -84,80 +62,45 @@ inline bool any_chunk(int64_t c0, int64_t c1, F word) {
   return false;
 }
 
-// A whole contiguous chunk of a bool row [c0, c0 + kChunk) by whole vectors of words
-// (Vec<uint64_t>: the widest this ISA has), reduced at the end: *any / *full; a float
-// chunk likewise by vectors of entries. False (not done) for strided rows and the short
-// last chunk.
+// Bit j set where the mask entry m[(c0 + j) * cs] leaves its key visible, j < n <= kChunk
+// (a true bool; a float other than -inf, which removes its key exactly as False does:
+// docs/semantics.md#float-mask). A whole contiguous chunk is one bitmap compare
+// (match_bits64); a strided row or the short last chunk goes entry by entry.
 template <typename E>
-inline bool chunk_words(const E* m, int64_t cs, int64_t c0, int64_t n, bool* any, bool* full) {
-  if constexpr (std::is_same_v<E, uint8_t>) {
-    if (cs != 1 || n != kChunk) return false;
-    using W = Vec<uint64_t>;
-    constexpr int64_t kWordBytes = int64_t(sizeof(W));
-    W ors = W{}, zeros = W{};
-    for (int64_t j = 0; j < kChunk; j += kWordBytes) {
-      W w;
-      std::memcpy(&w, m + c0 + j, sizeof(W));
-      ors |= w;
-      zeros |= zero_bytes(w);
-    }
-    uint64_t o = 0, z = 0;
-    for (int l = 0; l < kLanes<uint64_t>; ++l) {
-      o |= ors[l];
-      z |= zeros[l];
-    }
-    *any = o != 0;
-    *full = z == 0;
-    return true;
-  } else {
-    // A contiguous float chunk: lane compares against -inf, whole vectors (the scalar
-    // count would read the chunk one entry at a time).
-    if (cs != 1 || n != kChunk) return false;
-    using M = typename MaskOf<E>::type;
-    constexpr int L = kLanes<E>;
-    const Vec<E> neg_inf = vbroadcast(-E(__builtin_inf()));
-    M some_hidden = M{}, all_hidden = M{} - 1;
-    for (int64_t j = 0; j < kChunk; j += L) {
-      const M h = vload(m + c0 + j) == neg_inf;
-      some_hidden |= h;
-      all_hidden &= h;
-    }
-    bool sh = false, ah = true;
-    for (int l = 0; l < L; ++l) {
-      sh = sh || some_hidden[l] != 0;
-      ah = ah && all_hidden[l] != 0;
-    }
-    *any = !ah;
-    *full = !sh;
-    return true;
-  }
+inline uint64_t visible_bits(const E* m, int64_t cs, int64_t c0, int64_t n) {
+  static_assert(kChunk == 64, "one 64-bit word per chunk");
+  const E hidden = std::is_same_v<E, uint8_t> ? E(0) : -E(__builtin_inf());
+  if (cs == 1 && n == kChunk) return ~match_bits64(m + c0, hidden);
+  uint64_t b = 0;
+  for (int64_t j = 0; j < n; ++j) b |= uint64_t(m[(c0 + j) * cs] != hidden) << j;
+  return b;
 }
 
 // Summarises the mask row m (len keys, column stride cs; bool bytes or float entries) into
-// dst (row_words words). A contiguous bool row's chunk bits take one pass of word ORs and
-// zero-byte tests (which the compiler vectorises); only the first and last chunks that keep
-// a key are then read entry by entry.
+// dst (row_words words), from each chunk's visible-key bitmap: its some/all bits, and the
+// row's first and last visible keys and whether it is an interval from the bitmaps of the
+// first and last chunks that keep a key.
 template <typename E>
 inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, uint64_t* dst) {
   uint64_t* some = dst + kSumHeader;
   uint64_t* all = some + words;
-  std::memset(some, 0, size_t(2 * words) * sizeof(uint64_t));
+  for (int64_t w = 0; w < 2 * words; ++w) some[w] = 0;  // a word or two: no memset call
   int64_t first_chunk = -1, last_chunk = -1;
+  uint64_t first_bits = 0, last_bits = 0;
   for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
     const int64_t n = imin(kChunk, len - c0);
-    bool any, full;
-    if (!chunk_words(m, cs, c0, n, &any, &full)) {
-      int64_t seen = 0;
-      for (int64_t j = 0; j < n; ++j) seen += visible(m[(c0 + j) * cs]);
-      any = seen > 0;
-      full = seen == n;
-    }
-    if (!any) continue;
+    const uint64_t bits = visible_bits(m, cs, c0, n);
+    if (!bits) continue;
     const int64_t c = c0 / kChunk;
     some[c / 64] |= uint64_t(1) << (c % 64);
-    if (full) all[c / 64] |= uint64_t(1) << (c % 64);
-    if (first_chunk < 0) first_chunk = c;
+    if (bits == (n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1))
+      all[c / 64] |= uint64_t(1) << (c % 64);
+    if (first_chunk < 0) {
+      first_chunk = c;
+      first_bits = bits;
+    }
     last_chunk = c;
+    last_bits = bits;
   }
   if (first_chunk < 0) {
     dst[kSumFirst] = dst[kSumLast] = 0;
@@ -165,16 +108,19 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
     dst[kSumChunky] = 0;
     return;
   }
-  int64_t first = first_chunk * kChunk, last = imin(len, (last_chunk + 1) * kChunk);
-  while (!visible(m[first * cs])) ++first;
-  while (!visible(m[(last - 1) * cs])) --last;
-  // An interval iff every key in [first, last) is kept: whole chunks between the first
-  // and the last chunk by their bits (a word at a time), the two edge chunks key by key.
-  bool interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; });
-  if (interval) {
-    const int64_t end_first = imin(last, (first_chunk + 1) * kChunk);
-    interval = all_set(m, cs, first, end_first) &&
-               all_set(m, cs, imax(end_first, last_chunk * kChunk), last);
+  const int lo_bit = __builtin_ctzll(first_bits), hi_bit = 63 - __builtin_clzll(last_bits);
+  const int64_t first = first_chunk * kChunk + lo_bit, last = last_chunk * kChunk + hi_bit + 1;
+  // An interval iff every key in [first, last) is kept: the visible bits of the first
+  // chunk run unbroken from lo_bit (to its end, or to hi_bit when it is also the last),
+  // the last chunk's from 0 to hi_bit, and every chunk between is whole.
+  bool interval;
+  if (first_chunk == last_chunk) {
+    const uint64_t run = first_bits >> lo_bit;
+    interval = (run & (run + 1)) == 0;
+  } else {
+    interval = !any_chunk(first_chunk + 1, last_chunk, [&](int64_t w) { return ~all[w]; }) &&
+               (first_bits >> lo_bit) == (~uint64_t(0) >> lo_bit) &&
+               (last_bits & (last_bits + 1)) == 0;
   }
   // Whether the chunk bits can save work inside [first, last): some chunk there is hidden
   // or whole. If not (a mask mixed all through), the row takes the plain mask pass.
@@ -186,17 +132,11 @@ inline void summarise_row(const E* m, int64_t cs, int64_t len, int64_t words, ui
   dst[kSumChunky] = chunky;
 }
 
-// The summary of p's mask (summary->data null if there is none or allocation failed;
-// std::free it): its bool mask, else its float mask (in the compute type T; -inf hides).
-// With both, the bool mask's alone (the float pass still removes the -inf keys). Rows are
-// split among the call's threads.
-template <typename T>
-inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
-  sum->data = nullptr;
+// The row layout of the summary of p's mask (its bool mask, else its float mask: the
+// mask the summary reads): distinct rows in C order over the mask's non-broadcast axes.
+inline const StridedView& summary_layout(const AttnParams& p, MaskSummary* sum) {
   sum->is_float = !p.bool_mask.data;
   const StridedView& bm = sum->is_float ? p.float_mask : p.bool_mask;
-  if (!bm.data || p.len_k == 0) return;
-  // Distinct rows: C order over the mask's non-broadcast axes.
   sum->words = ((p.len_k + kChunk - 1) / kChunk + 63) / 64;
   sum->row_words = kSumHeader + 2 * sum->words;
   int64_t rows = 1;
@@ -208,35 +148,111 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
     sum->batch_stride[d] = bm.batch_stride[d] ? rows : 0;
     rows *= bm.batch_stride[d] ? p.batch_shape[d] : 1;
   }
-  if (rows == 0) return;
-  sum->data = static_cast<uint64_t*>(
-      std::aligned_alloc(64, size_t(round_up(rows * sum->row_words * 8, 64))));
-  if (!sum->data) return;
+  sum->rows = rows;
+  return bm;
+}
+
+// Fills rows [r0, r1) of dst (sum.rows x sum.row_words words, laid out by summary_layout)
+// from p's mask.
+template <typename T>
+inline void fill_summary_rows(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
+                              int64_t r0, int64_t r1, uint64_t* dst) {
   const int64_t nh = bm.head_stride ? p.num_heads_q : 1, nr = bm.row_stride ? p.len_q : 1;
-  const int threads = int(imax(1, imin(p.num_threads, rows / 64 + 1)));
-  parallel_region(threads, [&] {
-    int64_t coord[kMaxBatchDims];
-#pragma omp for schedule(static)
-    for (int64_t idx = 0; idx < rows; ++idx) {
-      // idx -> (batch coords over non-broadcast axes, head, row), C order
-      int64_t rest = idx / (nh * nr);
+  int64_t coord[kMaxBatchDims];
+  int64_t last_head = -1, head_off = 0;  // the offset of the (batch, head) of idx
+  for (int64_t idx = r0; idx < r1; ++idx) {
+    // idx -> (batch coords over non-broadcast axes, head, row), C order; the batch
+    // coords only when the head changes (rows of a head are consecutive)
+    const int64_t bh = idx / nr, i = idx % nr;
+    if (bh != last_head) {
+      int64_t rest = bh / nh;
       for (int64_t d = p.batch_ndim - 1; d >= 0; --d) {
         const int64_t ext = bm.batch_stride[d] ? p.batch_shape[d] : 1;
         coord[d] = rest % ext;
         rest /= ext;
       }
-      const int64_t h = idx / nr % nh, i = idx % nr;
-      const int64_t off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + h * bm.head_stride +
-                          i * bm.row_stride;
-      uint64_t* dst = sum->data + idx * sum->row_words;
-      if (sum->is_float)
-        summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum->words,
-                      dst);
-      else
-        summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k,
-                      sum->words, dst);
+      head_off = batch_offset(bm.batch_stride, coord, p.batch_ndim) + bh % nh * bm.head_stride;
+      last_head = bh;
     }
+    const int64_t off = head_off + i * bm.row_stride;
+    uint64_t* row = dst + idx * sum.row_words;
+    if (sum.is_float)
+      summarise_row(static_cast<const T*>(bm.data) + off, bm.col_stride, p.len_k, sum.words, row);
+    else
+      summarise_row(static_cast<const uint8_t*>(bm.data) + off, bm.col_stride, p.len_k, sum.words,
+                    row);
+  }
+}
+
+// Every row of dst, split among the call's threads in runs of 64 rows.
+template <typename T>
+inline void fill_summary(const AttnParams& p, const StridedView& bm, const MaskSummary& sum,
+                         uint64_t* dst) {
+  const int64_t runs = (sum.rows + 63) / 64;
+  const int threads = int(imax(1, imin(p.num_threads, runs)));
+  parallel_region(threads, [&] {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < runs; ++r)
+      fill_summary_rows<T>(p, bm, sum, r * 64, imin(sum.rows, r * 64 + 64), dst);
   });
+}
+
+inline void release_summary(MaskSummary* sum) {
+  if (sum->owned) std::free(sum->data);
+  sum->data = nullptr;
+}
+
+// Whether a summary row lets the kernel skip work: its visible range leaves out a whole
+// chunk, or some chunk in it is hidden, or (bool masks) the row is an interval (its mask
+// is not read again) or has a whole chunk (read without its mask). A float mask is added
+// to every visible key, so only hidden keys save work there.
+inline bool row_saves_work(const uint64_t* row, int64_t len_k, int64_t words, bool is_float) {
+  const int64_t first = int64_t(row[kSumFirst]), last = int64_t(row[kSumLast]);
+  if (first >= last || first >= kChunk || last <= len_k - kChunk) return true;
+  const uint64_t* some = row + kSumHeader;
+  const int64_t c1 = (last + kChunk - 1) / kChunk;
+  if (any_chunk(first / kChunk, c1, [&](int64_t w) { return ~some[w]; })) return true;
+  return !is_float && (row[kSumInterval] || row[kSumChunky]);
+}
+
+// The summary of p's mask (summary->data null if there is none or allocation failed; free
+// with release_summary): its bool mask, else its float mask (in the compute type T; -inf
+// hides). With both, the bool mask's alone (the float pass still removes the -inf keys).
+// A summary built ahead (p.mask_summary) is taken as it is when it is of this very mask.
+template <typename T>
+inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
+  sum->data = nullptr;
+  sum->owned = false;
+  const StridedView& bm = summary_layout(p, sum);
+  if (!bm.data || p.len_k == 0 || sum->rows == 0) return;
+  if (p.mask_summary && !sum->is_float && p.mask_summary_of == bm.data &&
+      p.mask_summary_rows == sum->rows && p.mask_summary_row_words == sum->row_words) {
+    sum->data = const_cast<uint64_t*>(p.mask_summary);  // read only
+    return;
+  }
+  sum->data = static_cast<uint64_t*>(
+      std::aligned_alloc(64, size_t(round_up(sum->rows * sum->row_words * 8, 64))));
+  if (!sum->data) return;
+  sum->owned = true;
+  // A mask that hides nothing the kernel could skip (dense, mixed all through) costs its
+  // summary for nothing: evenly spaced sample rows are summarised first, and if none of
+  // them saves work, the call goes without a summary (the plain mask pass, as before
+  // tiles were skipped). Skipping changes no arithmetic, so this only decides speed.
+  constexpr int64_t kSampleRows = 16;
+  if (sum->rows >= 8 * kSampleRows) {
+    bool saves = false;
+    for (int64_t k = 0; k < kSampleRows && !saves; ++k) {
+      const int64_t idx = k * (sum->rows - 1) / (kSampleRows - 1);
+      uint64_t* row = sum->data + idx * sum->row_words;
+      fill_summary_rows<T>(p, bm, *sum, idx, idx + 1, sum->data);
+      saves = row_saves_work(row, p.len_k, sum->words, sum->is_float);
+    }
+    if (!saves) {
+      release_summary(sum);
+      return;
+    }
+  }
+  fill_summary<T>(p, bm, *sum, sum->data);
 }
 
 // The summary row of (batch coords, query head h, query row i).
@@ -254,16 +270,21 @@ template <typename T, typename S>
 inline void narrow_task_rows(const AttnParams& p, const MaskSummary& sum, const TaskCoord& c,
                              const int64_t* coord, RowRef<T, S>* rows, int64_t* klo, int64_t* khi) {
   int64_t lo_all = p.len_k, hi_all = 0;  // empty
-  for (int64_t r = 0; r < c.heads * c.nq; ++r) {
-    RowRef<T, S>& row = rows[r];
-    const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + r / c.nq, c.i0 + r % c.nq);
-    row.lo = imax(row.lo, int64_t(s[kSumFirst]));
-    row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
-    if (s[kSumInterval] && !sum.is_float) row.bmask = nullptr;
-    row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
-    if (row.lo < row.hi) {
-      lo_all = imin(lo_all, row.lo);
-      hi_all = imax(hi_all, row.hi);
+  // Per head, the first row's summary, then one step per query row (no index arithmetic
+  // per row: short rows, as key padding gives, would pay it on every one).
+  const int64_t step = sum.row_stride * sum.row_words;
+  for (int64_t h = 0; h < c.heads; ++h) {
+    const uint64_t* s = summary_row(sum, p.batch_ndim, coord, c.h0 + h, c.i0);
+    for (int64_t i = 0; i < c.nq; ++i, s += step) {
+      RowRef<T, S>& row = rows[h * c.nq + i];
+      row.lo = imax(row.lo, int64_t(s[kSumFirst]));
+      row.hi = imax(imin(row.hi, int64_t(s[kSumLast])), row.lo);
+      if (s[kSumInterval] && !sum.is_float) row.bmask = nullptr;
+      row.chunks = !s[kSumInterval] && s[kSumChunky] ? s + kSumHeader : nullptr;
+      if (row.lo < row.hi) {
+        lo_all = imin(lo_all, row.lo);
+        hi_all = imax(hi_all, row.hi);
+      }
     }
   }
   *klo = lo_all;

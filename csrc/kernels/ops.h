@@ -34,6 +34,10 @@ template <typename T>
 using FmaPeakFn = double(int num_threads, double seconds);
 template <typename T>
 using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
+// The mask summary of p's bool mask (kernels/mask_summary-inl.h) into out (null: only
+// sizes it); returns its rows, *row_words the words per row.
+template <typename T>
+using MaskSummaryFn = int64_t(const AttnParams& p, uint64_t* out, int64_t* row_words);
 
 // sdpa_varlen (varlen_attention) is in kernels/varlen-inl.h, which sdpa-inl.h includes.
 // The attention kernels return false when scratch could not be allocated (the entry point
@@ -49,7 +53,8 @@ using ReadBandwidthFn = double(int64_t nbytes, int num_threads, int repeats);
   X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
   X(merge_states, merge_states, MergeStatesFn)               \
   X(machine_limits, fma_peak, FmaPeakFn)                     \
-  X(machine_limits, read_bandwidth, ReadBandwidthFn)
+  X(machine_limits, read_bandwidth, ReadBandwidthFn)         \
+  X(block_mask, mask_summary, MaskSummaryFn)
 
 #define FASTATTN_DECLARE_OP(source, name, Sig) \
   Sig<float> name##_f32;                       \

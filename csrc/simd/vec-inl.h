@@ -125,6 +125,77 @@ inline typename MaskOf<T>::type vkeep(const uint8_t* m) {
   return __builtin_convertvector(b, typename MaskOf<T>::type) != 0;
 }
 
+// Bit j set where p[j] == x, for the 64 contiguous entries at p (bool bytes, float or
+// double): a comparison as a bitmap, for scans that ask only which entries match (a
+// register compare and one movemask per vector, where the loop would test entry by entry).
+template <typename E>
+inline uint64_t match_bits64(const E* p, E x) {
+  static_assert(sizeof(E) == 1 || std::is_floating_point_v<E>, "bytes, float or double");
+  uint64_t b = 0;
+#if defined(__AVX512BW__)
+  if constexpr (FASTATTN_VEC_BYTES == 64) {
+    if constexpr (sizeof(E) == 1) {
+      return _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(p), _mm512_set1_epi8(char(x)));
+    } else if constexpr (sizeof(E) == 4) {
+      for (int i = 0; i < 4; ++i)
+        b |=
+            uint64_t(_mm512_cmp_ps_mask(_mm512_loadu_ps(p + 16 * i), _mm512_set1_ps(x), _CMP_EQ_OQ))
+            << (16 * i);
+      return b;
+    } else {
+      for (int i = 0; i < 8; ++i)
+        b |= uint64_t(_mm512_cmp_pd_mask(_mm512_loadu_pd(p + 8 * i), _mm512_set1_pd(x), _CMP_EQ_OQ))
+             << (8 * i);
+      return b;
+    }
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (FASTATTN_VEC_BYTES >= 32) {
+    if constexpr (sizeof(E) == 1) {
+      const __m256i v = _mm256_set1_epi8(char(x));
+      for (int i = 0; i < 2; ++i)
+        b |= uint64_t(uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(
+                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i)), v))))
+             << (32 * i);
+    } else if constexpr (sizeof(E) == 4) {
+      for (int i = 0; i < 8; ++i)
+        b |= uint64_t(_mm256_movemask_ps(
+                 _mm256_cmp_ps(_mm256_loadu_ps(p + 8 * i), _mm256_set1_ps(x), _CMP_EQ_OQ)))
+             << (8 * i);
+    } else {
+      for (int i = 0; i < 16; ++i)
+        b |= uint64_t(_mm256_movemask_pd(
+                 _mm256_cmp_pd(_mm256_loadu_pd(p + 4 * i), _mm256_set1_pd(x), _CMP_EQ_OQ)))
+             << (4 * i);
+    }
+    return b;
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (FASTATTN_VEC_BYTES >= 16) {
+    if constexpr (sizeof(E) == 1) {
+      const __m128i v = _mm_set1_epi8(char(x));
+      for (int i = 0; i < 4; ++i)
+        b |= uint64_t(uint32_t(_mm_movemask_epi8(
+                 _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), v))))
+             << (16 * i);
+    } else if constexpr (sizeof(E) == 4) {
+      for (int i = 0; i < 16; ++i)
+        b |= uint64_t(_mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + 4 * i), _mm_set1_ps(x))))
+             << (4 * i);
+    } else {
+      for (int i = 0; i < 32; ++i)
+        b |= uint64_t(_mm_movemask_pd(_mm_cmpeq_pd(_mm_loadu_pd(p + 2 * i), _mm_set1_pd(x))))
+             << (2 * i);
+    }
+    return b;
+  }
+#endif
+  for (int j = 0; j < 64; ++j) b |= uint64_t(p[j] == x) << j;
+  return b;
+}
+
 // a * b + c with one rounding, on a vector or a scalar, where the ISA has an FMA unit.
 // Elsewhere (baseline SSE2, the scalar path) a multiply, then an add: two roundings, as the
 // hardware gives; the result still depends on nothing but the source and the ISA.

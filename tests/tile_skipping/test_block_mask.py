@@ -8,9 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastattn
-from fastattn import reference
+from fastattn import _core, reference
 
 from helpers.attention_checks import assert_close_attention, unpack
+from tile_skipping.test_tile_skipping import tile_pattern
 
 # The isa fixture is set once per test; every drawn example runs on that ISA.
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -109,3 +110,99 @@ def test_accepted_by_attention_family():
     np.testing.assert_array_equal(
         fastattn.attention(q, k, v, attn_mask=bm), fastattn.attention(q, k, v, attn_mask=m)
     )
+
+
+@settings(max_examples=25, suppress_health_check=FIXTURE_OK)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    kind=st.sampled_from(["key_padding", "padding_holes", "tiles", "small_tiles", "per_head"]),
+    shape=st.tuples(
+        st.integers(1, 3),  # batch
+        st.integers(1, 3),  # heads
+        st.integers(1, 150),  # Lq
+        st.integers(1, 400),  # Lk
+    ),
+    rank=st.sampled_from([2, 3, 4]),
+    compose=st.sampled_from(["none", "valid_lens", "causal"]),
+)
+def test_summary_reused_equals_dense_mask(isa, seed, dtype, kind, shape, rank, compose):
+    """A BlockMask's summary, built once, is what its calls' kernels read: each call is the
+    reference's result and bit for bit the call with the dense mask, for every mask rank
+    that broadcasts (incl. tiles keeping exactly one entry and rows keeping nothing)."""
+    rng = np.random.default_rng(seed)
+    batch, heads, lq, lk = shape
+    if kind in ("key_padding", "padding_holes"):
+        lens = rng.integers(0, lk + 1, batch)
+        m = (np.arange(lk) < lens[:, None])[:, None, None, :]
+        if kind == "padding_holes":
+            m = m & (rng.random((batch, 1, 1, lk)) < 0.8)
+        rank = 4
+    elif kind == "per_head":
+        m = np.stack([tile_pattern(rng, lq, lk, 32, 64, 0.2, 0.5) for _ in range(heads)])
+        m = m[None] if rank == 4 else m
+        rank = max(rank, 3)
+    else:
+        tiles = (64, 64) if kind == "tiles" else tuple(int(x) for x in rng.integers(1, 48, 2))
+        m = tile_pattern(rng, lq, lk, *tiles, 0.3, 0.4)
+        m = m.reshape((1,) * (rank - 2) + m.shape)
+    m[..., : min(2, m.shape[-2]), :] = False  # rows that keep nothing give 0
+    bm = fastattn.block_mask(m)
+    assert bm.summary is not None
+    kw = {}
+    if compose == "valid_lens":
+        kw["valid_lens"] = rng.integers(0, lk + 1, (batch, heads, lq))
+    elif compose == "causal":
+        kw["is_causal"] = True
+    for _ in range(2):  # one BlockMask, several calls (layers)
+        q, k, v = (rng.standard_normal((batch, heads, n, 24)).astype(dtype) for n in (lq, lk, lk))
+        out = np.full((batch, heads, lq, 24), np.nan, dtype)  # poisoned: all written
+        got = unpack(
+            fastattn.scaled_dot_product_attention(
+                q, k, v, attn_mask=bm, return_lse=True, out=out, **kw
+            ),
+            True,
+        )
+        assert got[0] is out
+        want = unpack(
+            reference.scaled_dot_product_attention(
+                q, k, v, attn_mask=np.asarray(m), return_lse=True, **kw
+            ),
+            True,
+        )
+        assert_close_attention(got, want, q, k, v, attn_mask=np.asarray(m))
+        assert not got[0][..., : min(2, lq), :].any()
+        for threads in (1, 2):
+            dense = fastattn.scaled_dot_product_attention(
+                q, k, v, attn_mask=np.array(m), return_lse=True, num_threads=threads, **kw
+            )
+            np.testing.assert_array_equal(got[0], dense[0])
+            np.testing.assert_array_equal(got[1], dense[1])
+
+
+def test_summary_of_another_mask_is_not_used(isa):
+    """The kernel takes a prebuilt summary only for the very mask it was built from: handed
+    with another mask of the same shape, the call is that mask's own (bit for bit)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 130, 16), dtype=np.float32) for _ in range(3))
+    m1 = tile_pattern(rng, 130, 130, 64, 64, 0.3, 0.0)
+    m2 = ~m1
+    summary = fastattn.block_mask(m1).summary
+
+    def run(mask, summary):
+        out = np.full_like(q, np.nan)
+        _core.sdpa(
+            query=q,
+            key=k,
+            value=v,
+            out=out,
+            bool_mask=np.broadcast_to(mask, (1, 2, 130, 130)),
+            scale=0.25,
+            num_threads=2,
+            mask_summary=summary,
+        )
+        return out
+
+    np.testing.assert_array_equal(run(m2, summary), run(m2, None))
+    bm = fastattn.block_mask(m1)
+    np.testing.assert_array_equal(run(bm.mask, bm.summary), run(m1, None))
