@@ -46,8 +46,9 @@ class Case:
     (``B, Lq, Lk, D, hidden``), ``"masked_softmax"`` (``B, Lq, Lk``, one valid length per
     batch entry), ``"merge_states"`` (``parts, B, H, Lq, Ev``: merging partial attention),
     ``"mha_decode"`` (``B, E, H, cache``: one KV-cache decode step of the multi-head layer,
-    projections included) or ``"varlen"`` (``Hq, Hkv, E`` and then every sequence's length:
-    packed self-attention).
+    projections included), ``"varlen"`` (``Hq, Hkv, E`` and then every sequence's length:
+    packed self-attention) or ``"masked_sdpa"`` (``B, H, L, E``: self-attention under the
+    mask ``mask`` names, see ``attention_mask``).
     Cases of one ``series`` differ only in sequence length."""
 
     name: str
@@ -57,6 +58,7 @@ class Case:
     tags: tuple[str, ...] = ()
     series: str | None = None
     dtypes: tuple[str, ...] = DTYPES
+    mask: str | None = None  # masked_sdpa: one of MASKS
 
     @property
     def seq_len(self) -> int:
@@ -67,6 +69,8 @@ class Case:
             return self.dims[3]
         if self.kind == "varlen":
             return max(self.dims[3:])  # the longest sequence
+        if self.kind == "masked_sdpa":
+            return self.dims[2]
         return self.dims[4] if self.kind == "sdpa" else self.dims[2]
 
     def matches(self, words: list[str]) -> bool:
@@ -76,7 +80,9 @@ class Case:
     def flops(self) -> float:
         """Nominal floating-point operations of one call.
 
-        SDPA: 4 B Hq Lq Lk E (QK^T and PV), times the kept fraction under a causal mask.
+        SDPA: 4 B Hq Lq Lk E (QK^T and PV), times the kept fraction under a causal mask;
+        under an attention mask, times the fraction of 64 x 64 tiles that keep any entry
+        (the work a kernel that skips empty tiles cannot avoid).
         additive: B Lq Lk (3 hidden + 2 Dv) (add, tanh, multiply-add; PV). masked softmax:
         5 per element (max, subtract, exp, sum, divide). merge: one multiply-add per part entry.
         """
@@ -98,6 +104,9 @@ class Case:
                 for n in self.dims[3:]
                 if n > 0
             )
+        if self.kind == "masked_sdpa":
+            b, h, n, e = self.dims
+            return 4.0 * b * h * n * n * e * occupied_tiles(dense_mask(self), n)
         return 5.0 * float(np.prod(self.dims))
 
     @property
@@ -107,7 +116,7 @@ class Case:
         softmax: a few flops per element), None where the flop count is nominal (additive)."""
         if self.kind == "sdpa":
             return "memory" if self.dims[3] == 1 else "compute"
-        if self.kind == "varlen":
+        if self.kind in ("varlen", "masked_sdpa"):
             return "compute"
         return "memory" if self.kind in ("masked_softmax", "merge_states", "mha_decode") else None
 
@@ -131,6 +140,10 @@ class Case:
         if self.kind == "varlen":
             hq, hkv, e = self.dims[:3]
             return float(size * sum(self.dims[3:]) * (2 * hq + 2 * hkv) * e)
+        if self.kind == "masked_sdpa":
+            b, h, n, e = self.dims
+            mask, lens = attention_mask(self)
+            return float(size * 4 * b * h * n * e + (0 if mask is None else mask.nbytes))
         b, lq, lk, d, hidden = self.dims
         return float(size * b * (lq + 2 * lk) * d)
 
@@ -159,6 +172,76 @@ def varlen_case(label: str, lens, hq: int = 8, hkv: int = 2, e: int = 64, tags=(
     """Causal self-attention over packed sequences of ``lens`` (float32)."""
     name = f"{label} {len(lens)} seqs ({sum(lens)} tokens, longest {max(lens)}) {hq}/{hkv} E{e}"
     return Case(name, "varlen", (hq, hkv, e, *lens), True, ("varlen", *tags), None, ("float32",))
+
+
+# The masks of the masked_sdpa rows (issue #20's cases): a bool key-padding mask
+# (B, 1, 1, L) and the same lengths as valid_lens (its twin: what skipping should match);
+# a block-sparse mask keeping 10 % of 64 x 64 tiles, as a bool mask and as a reused
+# fastattn.block_mask; a dense random mask keeping half of the entries (nothing to skip).
+MASKS = ("key-padding", "valid-lens", "block-sparse", "block-mask", "dense")
+
+
+@functools.lru_cache(maxsize=8)
+def attention_mask(case: Case) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A masked_sdpa case's bool mask (True = may attend; None for valid-lens) and its key
+    lengths (key-padding and valid-lens: about 70 % padding; else None), from a fixed seed."""
+    b, h, n, _ = case.dims
+    rng = np.random.default_rng(20)
+    if case.mask in ("key-padding", "valid-lens"):
+        lens = np.maximum(1, (rng.random(b) * 0.6 * n).astype(np.int64))
+        pad = np.arange(n)[None, :] < lens[:, None]
+        return (None if case.mask == "valid-lens" else pad[:, None, None, :]), lens
+    if case.mask in ("block-sparse", "block-mask"):
+        tiles = -(-n // 64)
+        kept = rng.random((tiles, tiles)) < 0.1
+        kept[np.diag_indices(tiles)] = True  # every query keeps its own tile: no empty row
+        return np.kron(kept, np.ones((64, 64), bool))[:n, :n], None
+    if case.mask == "dense":
+        return rng.random((b, h, n, n)) < 0.5, None
+    raise ValueError(f"unknown mask {case.mask!r}")
+
+
+def dense_mask(case: Case) -> np.ndarray:
+    """A masked_sdpa case's mask as a bool array (valid-lens: its key-padding mask)."""
+    mask, lens = attention_mask(case)
+    if mask is None:
+        mask = (np.arange(case.dims[2])[None, :] < lens[:, None])[:, None, None, :]
+    return mask
+
+
+def occupied_tiles(mask: np.ndarray, n: int) -> float:
+    """The fraction of 64 x 64 (query, key) tiles of an n x n attention a bool mask
+    (broadcasting over its last two axes) leaves any entry in."""
+    m = np.broadcast_to(mask, mask.shape[:-2] + (n, n))
+    pad = -n % 64
+    m = np.pad(m, [(0, 0)] * (m.ndim - 2) + [(0, pad), (0, pad)])
+    tiles = m.reshape(m.shape[:-2] + (m.shape[-2] // 64, 64, m.shape[-1] // 64, 64))
+    return float(tiles.any(axis=(-3, -1)).mean())
+
+
+def masked_case(label: str, mask: str, b: int, h: int, n: int, e: int) -> Case:
+    return Case(
+        f"{label} {b}x{h} {n}x{n} E{e}",
+        "masked_sdpa",
+        (b, h, n, e),
+        tags=("masks",),
+        dtypes=("float32",),
+        mask=mask,
+    )
+
+
+def _mask_cases(quick: bool) -> list[Case]:
+    pad_b = 16 if quick else 64
+    sparse_n = 1024 if quick else 4096
+    return [
+        masked_case("key padding bool mask", "key-padding", pad_b, 12, 77, 32),
+        masked_case("key padding valid_lens", "valid-lens", pad_b, 12, 77, 32),
+        masked_case("key padding bool mask", "key-padding", pad_b // 4, 12, 512, 64),
+        masked_case("key padding valid_lens", "valid-lens", pad_b // 4, 12, 512, 64),
+        masked_case("block-sparse 10 % tiles bool mask", "block-sparse", 1, 4, sparse_n, 64),
+        masked_case("block-sparse 10 % tiles BlockMask", "block-mask", 1, 4, sparse_n, 64),
+        masked_case("dense 50 % mask", "dense", 1, 8, 512 if quick else 1024, 64),
+    ]
 
 
 def _sweep(label: str, lengths, causal: bool, dtypes=DTYPES) -> list[Case]:
@@ -203,6 +286,8 @@ def grid(preset: str) -> list[Case]:
                 tags=("masked-softmax",),
                 dtypes=("float32",),
             ),
+            masked_case("key padding bool mask", "key-padding", 2, 2, 70, 16),
+            masked_case("block-sparse 10 % tiles BlockMask", "block-mask", 1, 2, 130, 16),
         ]
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
@@ -347,6 +432,7 @@ def grid(preset: str) -> list[Case]:
             one_long_many_short(4096 if quick else 8192, 16, 500 if quick else 1000),
             tags=("skewed",),
         ),
+        *_mask_cases(quick),
     ]
     if full:
         cases += [
@@ -556,6 +642,8 @@ def build(
         _build_mha_decode(work, rng, dt, libs, impls)
     elif case.kind == "varlen":
         _build_varlen(work, dt)
+    elif case.kind == "masked_sdpa":
+        _build_masked_sdpa(work, rng, dt, libs, impls)
     else:
         raise ValueError(f"unknown case kind {case.kind!r}")
     work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}
@@ -688,6 +776,58 @@ def _build_masked_softmax(work: Workload, rng, dt) -> None:
         m = max(1, min(b, _REFERENCE_ELEMENTS // (lq * lk)))
         expected = fastattn.reference.masked_softmax(x[:m].astype(np.float64), valid_lens[:m])
         return expected, lambda out: out[:m]
+
+    work.reference = reference
+
+
+def _build_masked_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
+    b, h, n, e = work.case.dims
+    q, k, v = _rng_arrays(rng, dt, *[(b, h, n, e)] * 3)
+    mask, lens = attention_mask(work.case)
+    sdpa = fastattn.scaled_dot_product_attention
+    if work.case.mask == "valid-lens":  # the key-padding mask's lengths, per batch entry
+        given = {"valid_lens": lens}
+    elif work.case.mask == "block-mask":  # built once, outside the clock, as a user reuses it
+        given = {"attn_mask": fastattn.block_mask(mask)}
+    else:
+        given = {"attn_mask": mask}
+    work.candidates["fastattn"] = functools.partial(sdpa, q, k, v, **given)
+    # Everyone else gets the dense bool mask (the valid-lens row: the key-padding mask).
+    dense = dense_mask(work.case)
+    additive = np.where(dense, dt.type(0), dt.type(-np.inf))
+
+    def numpy_masked():
+        s = q @ np.swapaxes(k, -1, -2)
+        s *= s.dtype.type(1.0 / np.sqrt(e))
+        s += additive
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return s @ v
+
+    work.candidates["numpy"] = numpy_masked
+    if "torch" in impls and libs.torch is not None:
+        torch = libs.torch
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        tm = torch.from_numpy(np.ascontiguousarray(dense))
+
+        def run_torch():
+            with torch.no_grad():
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)
+
+        work.candidates["torch"] = run_torch
+        work.to_numpy["torch"] = lambda t: t.numpy()
+
+    def reference():
+        rows = max(1, min(n, _REFERENCE_ELEMENTS // (h * n)))
+        expected = fastattn.reference.scaled_dot_product_attention(
+            *(
+                a[:1, :, :rows].astype(np.float64) if a is q else a[:1].astype(np.float64)
+                for a in (q, k, v)
+            ),
+            attn_mask=np.broadcast_to(dense, (b, h, n, n))[:1, :, :rows],
+        )
+        return expected, lambda out: out[:1, :, :rows]
 
     work.reference = reference
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fastattn
@@ -469,3 +470,30 @@ def test_onnxruntime_without_onnx_says_what_to_install(monkeypatch):
         "ONNX Runtime is installed but the onnx package that builds its "
         "models is not (pip install onnx): no ort column."
     ]
+
+
+def test_mask_rows_count_the_tiles_they_keep():
+    """The masked rows' flops are the attention's times the fraction of 64 x 64 tiles their
+    mask keeps anything in (counted here tile by tile), the same for a key-padding mask and
+    its valid_lens twin; the block-sparse mask keeps every row's own tile."""
+    rng = np.random.default_rng(5)
+    for n in (70, 130, 200):
+        mask = rng.random((2, 1, n, n)) < 0.002
+        want = np.mean(
+            [
+                mask[b, 0, i : i + 64, j : j + 64].any()
+                for b in range(2)
+                for i in range(0, n, 64)
+                for j in range(0, n, 64)
+            ]
+        )
+        assert _cases.occupied_tiles(mask, n) == pytest.approx(want)
+    sparse = _cases.masked_case("block-sparse", "block-mask", 1, 2, 300, 16)
+    m = _cases.dense_mask(sparse)
+    assert m.shape == (300, 300) and m.diagonal().all() and m.mean() < 0.5
+    frac = _cases.occupied_tiles(m, 300)
+    assert sparse.flops() == pytest.approx(4.0 * 2 * 300 * 300 * 16 * frac)
+    pad, lens = (_cases.masked_case("p", k, 4, 2, 77, 16) for k in ("key-padding", "valid-lens"))
+    assert _cases.attention_mask(lens)[0] is None
+    np.testing.assert_array_equal(_cases.dense_mask(pad), _cases.dense_mask(lens))
+    assert pad.flops() == lens.flops() < 4.0 * 4 * 2 * 77 * 77 * 16
