@@ -37,8 +37,13 @@ constexpr int64_t kThinRows = 2 * kThinGroup + 1;
 // hardware prefetcher alone left decoding at about half the read bandwidth of one core
 // (measured: 10 GB/s against 20 for a plain streaming sum); prefetching the key rows 32
 // ahead gave 10 % (16 to 64 alike). Value rows are not prefetched: the P V pass already
-// streams them near the bandwidth, and prefetching them measured slower.
+// streams them near the bandwidth, and prefetching them measured slower (into L1 during
+// the P V pass or the score pass; into L2 during the score pass: no gain).
 constexpr int64_t kPrefetchRows = 32;
+// Only a call whose K/V exceed this many bytes prefetches: smaller ones stay in the caches
+// between calls, where a prefetch is an instruction for nothing (31 % more instructions
+// for a lone decoding row, 1x8 heads x 512-2048 keys).
+constexpr int64_t kPrefetchMinBytes = int64_t(16) << 20;
 
 // Whether p[0, n) holds no zero (whole vectors, then the tail).
 template <typename T>
@@ -60,7 +65,7 @@ inline bool all_nonzero(const T* p, int64_t n) {
 // row g, key j + kk: a row's keys are neighbouring lanes, stored as one piece of the vector.
 template <int G, typename T, typename S>
 inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row_stride, T* sg,
-                        int64_t s_ld, int64_t n, const float* scale) {
+                        int64_t s_ld, int64_t n, const float* scale, bool prefetch) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>;
   constexpr int KG = L / G;  // keys per pass
@@ -72,7 +77,7 @@ inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row
     for (int i = 0; i < L; ++i) acc[i] = V{};
     for (int64_t e = 0; e < e_whole; e += L) {
       V kv[KG];
-      if ((e * int64_t(sizeof(S))) % 64 == 0)  // once per cache line of each row
+      if (prefetch && (e * int64_t(sizeof(S))) % 64 == 0)  // once per cache line of each row
         for (int kk = 0; kk < KG; ++kk)
           __builtin_prefetch(k + (j + kk + kPrefetchRows) * k_row_stride + e);
       for (int kk = 0; kk < KG; ++kk) kv[kk] = vload_wide<T>(k + (j + kk) * k_row_stride + e);
@@ -118,16 +123,20 @@ inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row
 
 // scores_rows for rows [0, nrows): groups of kThinGroup rows (fewer on narrow vectors),
 // then the rest one at a time (a single decoding row reads its L keys at once).
+// prefetch: the call's K/V are larger than kPrefetchMinBytes.
 template <typename T, typename S>
 inline void scores_group(const T* q, int64_t head_dim, const S* k, int64_t k_row_stride, T* s,
-                         int64_t s_ld, int64_t nrows, int64_t n, const float* scale) {
+                         int64_t s_ld, int64_t nrows, int64_t n, const float* scale,
+                         bool prefetch) {
   constexpr int L = kLanes<T>;
   constexpr int G = L < kThinGroup ? L : kThinGroup;
   int64_t r = 0;
   for (; r + G <= nrows; r += G)
-    scores_rows<G>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale);
+    scores_rows<G>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale,
+                   prefetch);
   for (; r < nrows; ++r)
-    scores_rows<1>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale);
+    scores_rows<1>(q + r * head_dim, head_dim, k, k_row_stride, s + r * s_ld, s_ld, n, scale,
+                   prefetch);
 }
 
 // Columns [c, c + U * L) of G rows' acc += p v over keys [0, n), every probability

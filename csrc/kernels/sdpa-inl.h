@@ -126,6 +126,10 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   auto sb = [&](int64_t g) { return seg_b[g] - c0; };
   auto se = [&](int64_t g, int64_t w) { return imin(round_up(sb(g), CT), w); };
   constexpr bool kDot = kDotBf16<S> && !kThin;  // bfloat16 products (sdpa_bf16-inl.h)
+  // Thin: whether the call's K/V are too large to stay cached (decode-inl.h).
+  const bool prefetch = kThin && batch_count(p) * p.num_heads_kv * p.len_k * (p.dim_q + p.dim_v) *
+                                         int64_t(sizeof(KV)) >=
+                                     kPrefetchMinBytes;
   // With nothing to apply to the scores before the softmax (no softcap, mask or ALiBi in
   // the call), the score tiles take each row's max as they store it (tile_max), and a row
   // whose whole width is visible skips the max pass; max is exact, so the result is the
@@ -138,7 +142,8 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   for (int64_t g = 0; g < nseg; ++g) {
     if (kThin) {
       scores_group(sc.q + r0 * E, E, k_block + (c0 + sa(g)) * p.k.row_stride, p.k.row_stride,
-                   sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr);
+                   sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr,
+                   prefetch);
     } else {
       for (int64_t t = 0; t < tile_rows / RT; ++t) {
         if (se(g, width[t]) <= sa(g)) continue;
