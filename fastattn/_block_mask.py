@@ -135,8 +135,11 @@ def block_mask(mask: ArrayLike, *, block_size: int = 64) -> BlockMask:
         ) from None
     if bs < 1:
         raise ValueError(f"block_mask: block_size must be >= 1, got {bs}")
-    m = np.array(m, dtype=np.bool_, order="C", copy=True)
-    m.flags.writeable = False
+    owner = np.array(m, dtype=np.bool_, order="C", copy=True)
+    owner.flags.writeable = False
+    # Handed out as a view of the read-only copy: NumPy refuses to make a view writeable
+    # when its base is not, so the mask cannot be edited under its precomputed summary.
+    m = owner.view()
     # Built here once, by the function each call would run (kernels/block_mask-inl.h).
     summary = None
     if m.size and m.ndim <= _MAX_MASK_DIMS:

@@ -48,6 +48,9 @@ def test_frozen():
     assert not bm.mask.any()
     with pytest.raises(ValueError):
         bm.mask[0, 0] = True
+    # nor can it be made writeable again (its summary would go stale under an edit)
+    with pytest.raises(ValueError):
+        bm.mask.flags.writeable = True
     with pytest.raises(AttributeError):
         bm.block_size = 3
     assert "BlockMask(shape=(4, 4)" in repr(bm)
