@@ -86,6 +86,10 @@ class BlockMask:
             raise AttributeError("BlockMask is immutable")
         object.__setattr__(self, name, value)
 
+    def __reduce__(self):
+        # Pickled as its mask and block size; the summary (a kernel object) is rebuilt.
+        return (_rebuild, (self._mask, self._block_size))
+
     def __repr__(self) -> str:
         return (
             f"BlockMask(shape={self.shape}, block_size={self.block_size}, "
@@ -145,6 +149,11 @@ def block_mask(mask: ArrayLike, *, block_size: int = 64) -> BlockMask:
     if m.size and m.ndim <= _MAX_MASK_DIMS:
         summary = _core.mask_summary(m, _threads.resolve(None))
     return BlockMask(m, bs, _tile_counts(m, bs), summary)
+
+
+def _rebuild(mask: np.ndarray, block_size: int) -> BlockMask:
+    """Unpickling: the BlockMask of ``mask`` (its summary built again)."""
+    return block_mask(mask, block_size=block_size)
 
 
 def _tile_counts(m: np.ndarray, bs: int) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -54,7 +57,23 @@ def test_frozen():
     with pytest.raises(AttributeError):
         bm.block_size = 3
     assert "BlockMask(shape=(4, 4)" in repr(bm)
+    # pickles (for process pools and Dask workers) and copies as its mask and block size
+    for again in (pickle.loads(pickle.dumps(bm)), copy.deepcopy(bm)):
+        assert isinstance(again, fastattn.BlockMask) and again.block_size == bm.block_size
+        np.testing.assert_array_equal(again.mask, bm.mask)
+        np.testing.assert_array_equal(again.tile_counts, bm.tile_counts)
     assert fastattn.block_mask(bm).mask is not bm.mask
+
+
+def test_unpickled_block_mask_computes_the_same():
+    rng = np.random.default_rng(7)
+    m = rng.random((2, 1, 150, 300)) < 0.05
+    m[..., :64] = False  # a hidden chunk in every row: the summary skips it
+    bm = pickle.loads(pickle.dumps(fastattn.block_mask(m)))
+    q = rng.standard_normal((2, 3, 150, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 3, 300, 16)).astype(np.float32) for _ in range(2))
+    sdpa = fastattn.scaled_dot_product_attention
+    np.testing.assert_array_equal(sdpa(q, k, v, attn_mask=bm), sdpa(q, k, v, attn_mask=m))
 
 
 @pytest.mark.parametrize(
