@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastattn import _core, _threads
+from fastattn._validation import _MAX_BATCH_DIMS
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
 
-_MAX_MASK_DIMS = 64  # batch dims + (H, Lq, Lk): the most a kernel call takes
+_MAX_MASK_DIMS = _MAX_BATCH_DIMS + 3  # batch dims + (H, Lq, Lk): the most a kernel call takes
 
 
 class BlockMask:

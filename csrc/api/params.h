@@ -35,6 +35,16 @@ enum class Storage : int { kCompute = 0, kF16, kBF16, kI8 };
 // (batch..., Hq, Lq). q/k/v/out have unit-stride last axes. Scores are formed from q and k
 // by the op's score, then s = s + float_mask, and bool mask / valid_lens / causal / window
 // make keys invisible.
+// A bool mask's summary built ahead of the calls that reuse the mask (fastattn.block_mask;
+// the layout of kernels/mask_summary-inl.h): rows x row_words words, of the mask whose data
+// is `of`. The kernel uses it only for that very mask (same data, same row layout), else
+// it summarises the mask itself; words null: none.
+struct PrebuiltSummary {
+  const uint64_t* words = nullptr;
+  const void* of = nullptr;
+  int64_t rows = 0, row_words = 0;
+};
+
 struct AttnParams {
   int64_t batch_ndim = 0;
   int64_t batch_shape[kMaxBatchDims] = {};
@@ -70,13 +80,8 @@ struct AttnParams {
 
   int num_threads = 1;
 
-  // A summary of bool_mask built ahead of the call (fastattn.block_mask; the layout of
-  // kernels/mask_summary-inl.h): mask_summary_rows x mask_summary_row_words words, of the
-  // mask whose data is mask_summary_of. The kernel uses it only for that very mask (same
-  // data, same row layout), else it summarises the mask itself; null: none.
-  const uint64_t* mask_summary = nullptr;
-  const void* mask_summary_of = nullptr;
-  int64_t mask_summary_rows = 0, mask_summary_row_words = 0;
+  // A summary of bool_mask built ahead of the call (fastattn.block_mask), or none.
+  PrebuiltSummary mask_summary;
 };
 
 // scaled_dot_product_attention: dot scores (dim_k == dim_q), optional softcap, online softmax.

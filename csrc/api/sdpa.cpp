@@ -72,9 +72,6 @@ void check_sdpa(const SdpaCall& c, const char* fn, SdpaParams* out) {
   p.num_threads = threads_for(p);
   p.l1_bytes = l1_data_cache_bytes();
   p.mask_summary = c.mask_summary;
-  p.mask_summary_of = c.mask_summary_of;
-  p.mask_summary_rows = c.mask_summary_rows;
-  p.mask_summary_row_words = c.mask_summary_row_words;
 }
 
 int64_t summarise_bool_mask(const void* data, const int64_t* shape, int64_t ndim, int num_threads,

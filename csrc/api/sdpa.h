@@ -13,11 +13,8 @@ struct SdpaCall : AttnCall {
   double softcap = 0.0;
   // int8 key/value only: float32 (batch..., Hkv, Lk), one scale per key (SdpaParams).
   ArrayRef key_scale, value_scale;
-  // A summary of bool_mask built ahead (fastattn.block_mask): AttnParams' fields of these
-  // names, which the kernel uses only for the mask it was built from.
-  const uint64_t* mask_summary = nullptr;
-  const void* mask_summary_of = nullptr;
-  int64_t mask_summary_rows = 0, mask_summary_row_words = 0;
+  // A summary of bool_mask built ahead (fastattn.block_mask): AttnParams::mask_summary.
+  PrebuiltSummary mask_summary;
 };
 
 // check_attention plus SDPA's own checks (head dim, softcap, scale) into *p, with its

@@ -329,10 +329,7 @@ void register_sdpa(py::module_& m) {
         call.value_scale = array_ref(value_scale, "value_scale");
         if (!mask_summary.is_none()) {
           const auto& s = mask_summary.cast<const PrebuiltMaskSummary&>();
-          call.mask_summary = s.words.data();
-          call.mask_summary_of = s.mask.data();
-          call.mask_summary_rows = s.rows;
-          call.mask_summary_row_words = s.row_words;
+          call.mask_summary = {s.words.data(), s.mask.data(), s.rows, s.row_words};
         }
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);

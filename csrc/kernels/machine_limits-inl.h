@@ -1,8 +1,7 @@
 // Machine-limit probes of the active ISA, compiled once per ISA like every kernel:
-//   fma_peak: GFLOP/s of independent chains of vector FMAs (an FMA counts as 2 flops);
+//   fma_peak: GFLOP/s of independent chains of vector FMAs (an FMA counts as 2 flops;
+//             the harness, chain_peak-inl.h, is the vdpbf16ps probe's too);
 //   read_bandwidth: GB/s of a vectorised sum over a buffer larger than the caches.
-// Enough independent chains (kChains vectors) to cover the FMA latency on every port of
-// current x86 cores (latency 4-5 x 2 ports); each thread times its own work.
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -10,45 +9,26 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/chain_peak-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
-constexpr int kChains = 12;
-
 // Runs FMA chains until `seconds` have passed; returns GFLOP/s over all threads.
 template <typename T>
 double fma_peak(int num_threads, double seconds) {
   using V = Vec<T>;
-  constexpr int64_t kSteps = 1 << 14;  // FMAs per chain between two clock reads
-  double flops = 0;
-  double sink = 0;
-  const double start = omp_get_wtime();
-  double end = start;
-#pragma omp parallel num_threads(num_threads) reduction(+ : flops, sink) reduction(max : end)
-  {
-    // acc = acc * m + a converges to a / (1 - m): bounded, never denormal.
-    const V m = vbroadcast(T(0.999)), a = vbroadcast(T(0.001));
-    V acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = vbroadcast(T(c));
-    int64_t rounds = 0;
-    double now = omp_get_wtime();
-    while (now - start < seconds) {
-      for (int64_t s = 0; s < kSteps; ++s)
-        for (int c = 0; c < kChains; ++c) acc[c] = vfma(acc[c], m, a);
-      ++rounds;
-      now = omp_get_wtime();
-    }
-    flops += 2.0 * double(rounds * kSteps) * kChains * kLanes<T>;
-    V total = {};
-    for (int c = 0; c < kChains; ++c) total += acc[c];
-    sink += double(reduce_add<T>(total));  // keeps the chains live
-    end = now;
-  }
-  volatile double keep = sink;
-  (void)keep;
-  return flops / (end - start) / 1e9;
+  // acc = acc * m + a converges to a / (1 - m): bounded, never denormal.
+  const V m = vbroadcast(T(0.999)), a = vbroadcast(T(0.001));
+  return chain_peak(
+      num_threads, seconds, 2.0 * kLanes<T>, [](int c) { return vbroadcast(T(c)); },
+      [m, a](V acc) { return vfma(acc, m, a); },
+      [](const V* acc) {
+        V total = {};
+        for (int c = 0; c < kChains; ++c) total += acc[c];
+        return double(reduce_add<T>(total));
+      });
 }
 
 // The best of `repeats` parallel sums over nbytes of T (first touched by the threads that

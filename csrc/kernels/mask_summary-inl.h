@@ -225,9 +225,10 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
   sum->owned = false;
   const StridedView& bm = summary_layout(p, sum);
   if (!bm.data || p.len_k == 0 || sum->rows == 0) return;
-  if (p.mask_summary && !sum->is_float && p.mask_summary_of == bm.data &&
-      p.mask_summary_rows == sum->rows && p.mask_summary_row_words == sum->row_words) {
-    sum->data = const_cast<uint64_t*>(p.mask_summary);  // read only
+  const PrebuiltSummary& pre = p.mask_summary;
+  if (pre.words && !sum->is_float && pre.of == bm.data && pre.rows == sum->rows &&
+      pre.row_words == sum->row_words) {
+    sum->data = const_cast<uint64_t*>(pre.words);  // read only
     return;
   }
   sum->data = static_cast<uint64_t*>(

@@ -106,7 +106,7 @@ class Case:
             )
         if self.kind == "masked_sdpa":
             b, h, n, e = self.dims
-            return 4.0 * b * h * n * n * e * occupied_tiles(dense_mask(self), n)
+            return 4.0 * b * h * n * n * e * occupied_tiles(attention_mask(self)[0], n)
         return 5.0 * float(np.prod(self.dims))
 
     @property
@@ -142,8 +142,8 @@ class Case:
             return float(size * sum(self.dims[3:]) * (2 * hq + 2 * hkv) * e)
         if self.kind == "masked_sdpa":
             b, h, n, e = self.dims
-            mask, lens = attention_mask(self)
-            return float(size * 4 * b * h * n * e + (0 if mask is None else mask.nbytes))
+            mask_bytes = 0 if self.mask == "valid-lens" else attention_mask(self)[0].nbytes
+            return float(size * 4 * b * h * n * e + mask_bytes)
         b, lq, lk, d, hidden = self.dims
         return float(size * b * (lq + 2 * lk) * d)
 
@@ -182,15 +182,16 @@ MASKS = ("key-padding", "valid-lens", "block-sparse", "block-mask", "dense")
 
 
 @functools.lru_cache(maxsize=8)
-def attention_mask(case: Case) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """A masked_sdpa case's bool mask (True = may attend; None for valid-lens) and its key
-    lengths (key-padding and valid-lens: about 70 % padding; else None), from a fixed seed."""
+def attention_mask(case: Case) -> tuple[np.ndarray, np.ndarray | None]:
+    """A masked_sdpa case's bool mask (True = may attend; valid-lens: its key-padding mask,
+    which only the other candidates get) and its key lengths (key-padding and valid-lens:
+    about 70 % padding; else None), from a fixed seed."""
     b, h, n, _ = case.dims
     rng = np.random.default_rng(20)
     if case.mask in ("key-padding", "valid-lens"):
         lens = np.maximum(1, (rng.random(b) * 0.6 * n).astype(np.int64))
         pad = np.arange(n)[None, :] < lens[:, None]
-        return (None if case.mask == "valid-lens" else pad[:, None, None, :]), lens
+        return pad[:, None, None, :], lens
     if case.mask in ("block-sparse", "block-mask"):
         tiles = -(-n // 64)
         kept = rng.random((tiles, tiles)) < 0.1
@@ -199,14 +200,6 @@ def attention_mask(case: Case) -> tuple[np.ndarray | None, np.ndarray | None]:
     if case.mask == "dense":
         return rng.random((b, h, n, n)) < 0.5, None
     raise ValueError(f"unknown mask {case.mask!r}")
-
-
-def dense_mask(case: Case) -> np.ndarray:
-    """A masked_sdpa case's mask as a bool array (valid-lens: its key-padding mask)."""
-    mask, lens = attention_mask(case)
-    if mask is None:
-        mask = (np.arange(case.dims[2])[None, :] < lens[:, None])[:, None, None, :]
-    return mask
 
 
 def occupied_tiles(mask: np.ndarray, n: int) -> float:
@@ -793,23 +786,12 @@ def _build_masked_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
         given = {"attn_mask": mask}
     work.candidates["fastattn"] = functools.partial(sdpa, q, k, v, **given)
     # Everyone else gets the dense bool mask (the valid-lens row: the key-padding mask).
-    dense = dense_mask(work.case)
-    additive = np.where(dense, dt.type(0), dt.type(-np.inf))
-
-    def numpy_masked():
-        s = q @ np.swapaxes(k, -1, -2)
-        s *= s.dtype.type(1.0 / np.sqrt(e))
-        s += additive
-        s -= s.max(axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
-        return s @ v
-
-    work.candidates["numpy"] = numpy_masked
+    additive = np.where(mask, dt.type(0), dt.type(-np.inf))
+    work.candidates["numpy"] = functools.partial(numpy_sdpa, q, k, v, additive_mask=additive)
     if "torch" in impls and libs.torch is not None:
         torch = libs.torch
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-        tm = torch.from_numpy(np.ascontiguousarray(dense))
+        tm = torch.from_numpy(np.ascontiguousarray(mask))
 
         def run_torch():
             with torch.no_grad():
@@ -825,7 +807,7 @@ def _build_masked_sdpa(work: Workload, rng, dt, libs: Libraries, impls) -> None:
                 a[:1, :, :rows].astype(np.float64) if a is q else a[:1].astype(np.float64)
                 for a in (q, k, v)
             ),
-            attn_mask=np.broadcast_to(dense, (b, h, n, n))[:1, :, :rows],
+            attn_mask=np.broadcast_to(mask, (b, h, n, n))[:1, :, :rows],
         )
         return expected, lambda out: out[:1, :, :rows]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def numpy_sdpa(q, k, v, is_causal=False):
-    """Attention as a NumPy user writes it: the whole score matrix, in the inputs' dtype.
+def numpy_sdpa(q, k, v, is_causal=False, additive_mask=None):
+    """Attention as a NumPy user writes it: the whole score matrix, in the inputs' dtype,
+    plus ``additive_mask`` (0 / -inf, broadcasting) when given.
 
     Grouped-query inputs (fewer key/value heads on axis -3) are expanded with ``np.repeat``
     first, as a user without a GQA kernel would.
@@ -18,6 +19,8 @@ def numpy_sdpa(q, k, v, is_causal=False):
     s *= s.dtype.type(1.0 / np.sqrt(q.shape[-1]))
     if is_causal:
         s[..., ~np.tri(*s.shape[-2:], dtype=bool)] = -np.inf
+    if additive_mask is not None:
+        s += additive_mask
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)

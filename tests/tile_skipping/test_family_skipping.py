@@ -21,7 +21,7 @@ from helpers.family_checks import (
     tolerances,
     unambiguous_rows,
 )
-from tile_skipping.test_tile_skipping import DTYPES, KINDS, draw_mask
+from tile_skipping.test_tile_skipping import DTYPES, KINDS, composed, draw_mask
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
@@ -33,16 +33,6 @@ SHAPES = st.tuples(
     st.sampled_from([3, 16]),  # E
 )
 COMPOSE = st.sampled_from(["none", "valid_lens", "causal", "window"])
-
-
-def composed(rng, compose, batch, h, lq, lk):
-    if compose == "valid_lens":
-        return {"valid_lens": rng.integers(0, lk + 1, (batch, h, lq))}
-    if compose == "causal":
-        return {"is_causal": True, "causal_alignment": "bottom_right"}
-    if compose == "window":
-        return {"window": (int(rng.integers(0, 100)), int(rng.integers(0, 100)))}
-    return {}
 
 
 def as_float_mask(mask, dtype):

@@ -14,7 +14,7 @@ import fastattn
 from fastattn import reference
 
 from helpers.attention_checks import assert_close_attention, unpack
-from tile_skipping.test_tile_skipping import DTYPES, FIXTURE_OK, tile_pattern
+from tile_skipping.test_tile_skipping import DTYPES, FIXTURE_OK, composed, tile_pattern
 
 
 def float_mask(rng, kept, dtype):
@@ -70,14 +70,7 @@ def test_sparse_float_masks_match_reference(isa, seed, dtype, kind, shape, compo
     nobody = ~kept.any(axis=0)
     k[..., nobody, :] = poison
     v[..., nobody, :] = poison
-    kw = {}
-    if compose == "valid_lens":
-        kw["valid_lens"] = rng.integers(0, lk + 1, (batch, hq, lq))
-    elif compose == "causal":
-        kw["is_causal"] = True
-        kw["causal_alignment"] = "bottom_right"
-    elif compose == "window":
-        kw["window"] = (int(rng.integers(0, 100)), int(rng.integers(0, 100)))
+    kw = composed(rng, compose, batch, hq, lq, lk)
     clean_k, clean_v = k.copy(), v.copy()
     clean_k[..., nobody, :] = 0
     clean_v[..., nobody, :] = 0

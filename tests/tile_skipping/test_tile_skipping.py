@@ -34,6 +34,18 @@ def tile_pattern(rng, lq, lk, tile_q, tile_k, density, one_fraction):
     return m
 
 
+# The option a sparse mask is composed with: valid_lens, causal (bottom right), a window,
+# or none.
+def composed(rng, compose, batch, h, lq, lk):
+    if compose == "valid_lens":
+        return {"valid_lens": rng.integers(0, lk + 1, (batch, h, lq))}
+    if compose == "causal":
+        return {"is_causal": True, "causal_alignment": "bottom_right"}
+    if compose == "window":
+        return {"window": (int(rng.integers(0, 100)), int(rng.integers(0, 100)))}
+    return {}
+
+
 def draw_mask(rng, kind, batch, hq, lq, lk):
     """A mask of the named kind, shaped to broadcast against (batch, hq, lq, lk)."""
     if kind == "key_padding":  # (B, 1, 1, Lk), what ~key_padding_mask[:, None, None, :] is
@@ -99,14 +111,7 @@ def test_sparse_masks_match_reference(isa, seed, dtype, kind, shape, compose, ex
     k = rng.standard_normal((batch, hkv, lk, e)).astype(dtype)
     v = rng.standard_normal((batch, hkv, lk, e)).astype(dtype)
     mask = draw_mask(rng, kind, batch, hq, lq, lk)
-    kw = {}
-    if compose == "valid_lens":
-        kw["valid_lens"] = rng.integers(0, lk + 1, (batch, hq, lq))
-    elif compose == "causal":
-        kw["is_causal"] = True
-        kw["causal_alignment"] = "bottom_right"
-    elif compose == "window":
-        kw["window"] = (int(rng.integers(0, 100)), int(rng.integers(0, 100)))
+    kw = composed(rng, compose, batch, hq, lq, lk)
     want = unpack(
         reference.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, return_lse=True, return_weights=True, **kw
