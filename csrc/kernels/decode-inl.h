@@ -97,11 +97,7 @@ inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row
           dots[g * KG + kk] = dot;
         }
     }
-    if constexpr (std::is_same_v<S, int8_t>) {
-      V sv;
-      for (int i = 0; i < L; ++i) sv[i] = scale[j + i % KG];
-      dots *= sv;
-    }
+    if constexpr (std::is_same_v<S, int8_t>) dots *= vtile<KG>(scale + j);
     alignas(64) T lanes[L];
     vstore(lanes, dots);
     for (int g = 0; g < G; ++g) std::memcpy(sg + g * s_ld + j, lanes + g * KG, KG * sizeof(T));

@@ -117,6 +117,23 @@ inline Vec<T> vbroadcast(T x) {
   return x - Vec<T>{};
 }
 
+// Lane i = p[i % N]: N values repeated across the vector (one block broadcast where the
+// ISA has it, where GCC would insert lane by lane).
+template <int N, typename T>
+inline Vec<T> vtile(const T* p) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4 && N == 4)
+    return (Vec<T>)_mm512_broadcast_f32x4(_mm_loadu_ps(p));
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(Vec<T>) == 32 && sizeof(T) == 4 && N == 4)
+    return (Vec<T>)_mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+#endif
+  Vec<T> v;
+  for (int i = 0; i < kLanes<T>; ++i) v[i] = p[i % N];
+  return v;
+}
+
 // Lanes whose bool byte at m is nonzero (kLanes bytes are read).
 template <typename T>
 inline typename MaskOf<T>::type vkeep(const uint8_t* m) {
@@ -313,10 +330,61 @@ inline T reduce_add(Vec<T> x) {
 }
 
 // a[0..L) -> one vector whose lane i is reduce_add(a[i]): log2(L) rounds of adding the even
-// and odd lanes of neighbouring vectors (a is overwritten).
+// and odd lanes of neighbouring vectors (a is overwritten). The wide ISAs take each round
+// with the cheapest shuffle that pairs the same lanes: in-lane shuffles while the lanes
+// summed share a 128-bit block, block shuffles after; the generic form's two-source
+// permutes cost about a fifth of an int8 decoding pass (they overwrite a source, so the
+// 16 accumulators spill). Every lane is summed in the same tree either way.
 template <typename T>
 inline Vec<T> reduce_lanes_of(Vec<T>* a) {
   constexpr int L = kLanes<T>;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4) {
+    // Round 1 adds lanes 4j+0/1 and 4j+2/3 of a pair of vectors; round 2 makes block j of
+    // c[i] the four block-j sums of a[4i..4i+4); rounds 3 and 4 add blocks 0/1 and 2/3.
+    const auto pairs = [](__m512 x, __m512 y) {
+      return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
+    };
+    const auto blocks = [](__m512 x, __m512 y) {
+      return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    };
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; ++i) b[i] = pairs((__m512)a[2 * i], (__m512)a[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) c[i] = pairs(b[2 * i], b[2 * i + 1]);
+    return (Vec<T>)blocks(blocks(c[0], c[1]), blocks(c[2], c[3]));
+  } else if constexpr (sizeof(Vec<T>) == 64) {
+    // Round 1 adds the two doubles of each block; rounds 2 and 3 add blocks 0/1 and 2/3.
+    const auto pairs = [](__m512d x, __m512d y) {
+      return _mm512_add_pd(_mm512_shuffle_pd(x, y, 0x00), _mm512_shuffle_pd(x, y, 0xFF));
+    };
+    const auto blocks = [](__m512d x, __m512d y) {
+      return _mm512_add_pd(_mm512_shuffle_f64x2(x, y, 0x88), _mm512_shuffle_f64x2(x, y, 0xDD));
+    };
+    __m512d b[4];
+    for (int i = 0; i < 4; ++i) b[i] = pairs((__m512d)a[2 * i], (__m512d)a[2 * i + 1]);
+    return (Vec<T>)blocks(blocks(b[0], b[1]), blocks(b[2], b[3]));
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(Vec<T>) == 32 && sizeof(T) == 4) {
+    const auto pairs = [](__m256 x, __m256 y) {
+      return _mm256_add_ps(_mm256_shuffle_ps(x, y, 0x88), _mm256_shuffle_ps(x, y, 0xDD));
+    };
+    __m256 b[4];
+    for (int i = 0; i < 4; ++i) b[i] = pairs((__m256)a[2 * i], (__m256)a[2 * i + 1]);
+    const __m256 c0 = pairs(b[0], b[1]), c1 = pairs(b[2], b[3]);
+    return (Vec<T>)_mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20),
+                                 _mm256_permute2f128_ps(c0, c1, 0x31));
+  } else if constexpr (sizeof(Vec<T>) == 32) {
+    const auto pairs = [](__m256d x, __m256d y) {
+      return _mm256_add_pd(_mm256_shuffle_pd(x, y, 0x0), _mm256_shuffle_pd(x, y, 0xF));
+    };
+    const __m256d b0 = pairs((__m256d)a[0], (__m256d)a[1]);
+    const __m256d b1 = pairs((__m256d)a[2], (__m256d)a[3]);
+    return (Vec<T>)_mm256_add_pd(_mm256_permute2f128_pd(b0, b1, 0x20),
+                                 _mm256_permute2f128_pd(b0, b1, 0x31));
+  }
+#endif
   typename MaskOf<T>::type even, odd;
   for (int i = 0; i < L; ++i) {
     even[i] = 2 * i;
