@@ -229,8 +229,34 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
 template <typename T, typename S = T>
 inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
                       T* kt, const float* scale = nullptr) {
-  constexpr int CT = kColTile<T>;
-  for (int64_t j = 0; j < ncols; ++j) {
+  constexpr int CT = kColTile<T>, L = kLanes<T>;
+  using V = typename VecOf<T>::type;
+  // Whole groups of L keys (never across a column tile: CT = 2L) by whole vectors of
+  // head_dim: L key rows read as vectors (widened, scaled) and transposed in registers, so
+  // each store writes L keys; the rest element by element below.
+  int64_t j0 = 0;
+  if constexpr (L > 1) {
+    const int64_t e_whole = head_dim / L * L;
+    for (; j0 + L <= n; j0 += L) {
+      T* dst = kt + (j0 / CT) * head_dim * CT + (j0 % CT);
+      for (int64_t e = 0; e < e_whole; e += L) {
+        V r[L];
+        for (int i = 0; i < L; ++i) {
+          r[i] = vload_wide<T>(k + (j0 + i) * row_stride + e);
+          if constexpr (std::is_same_v<S, int8_t>) r[i] *= vbroadcast(T(scale[j0 + i]));
+        }
+        transpose_lanes<T>(r);
+        for (int i = 0; i < L; ++i) vstore(dst + (e + i) * CT, r[i]);
+      }
+      for (int64_t e = e_whole; e < head_dim; ++e)
+        for (int i = 0; i < L; ++i) {
+          const S x = k[(j0 + i) * row_stride + e];
+          dst[e * CT + i] =
+              std::is_same_v<S, int8_t> ? widen<T>(x) * T(scale[j0 + i]) : widen<T>(x);
+        }
+    }
+  }
+  for (int64_t j = j0; j < ncols; ++j) {
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
       const S* kr = k + j * row_stride;
@@ -239,8 +265,6 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
       } else {
         // A narrower key row is widened a whole vector at a time (one conversion
         // instruction where the ISA has one, not one per element), then scattered.
-        using V = typename VecOf<T>::type;
-        constexpr int L = kLanes<T>;
         const T s = std::is_same_v<S, int8_t> ? T(scale[j]) : T(1);
         int64_t e = 0;
         for (; e + L <= head_dim; e += L) {

@@ -491,9 +491,10 @@ inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
   const bool dot = kDotBf16<S> && plan.heads * p.len_q >= kRowTile;
   plan.block_k = key_block_size<T>(dot ? (p.dim_q + 1) / 2 : imax(p.dim_q, 1), p.l1_bytes);
   // About 256 rows per task, fewer when that leaves threads idle.
-  plan.block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t heads = batch * p.num_heads_kv;
-  const int64_t shape_tasks = heads * ((p.len_q + plan.block_q - 1) / plan.block_q);
+  const int64_t shape_block_q = imax(1, imin(p.len_q, 256 / plan.heads));
+  const int64_t shape_tasks = heads * ((p.len_q + shape_block_q - 1) / shape_block_q);
+  plan.block_q = imax(1, imin(p.len_q, 512 / plan.heads));
   while (plan.block_q > 16 &&
          heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
     plan.block_q /= 2;

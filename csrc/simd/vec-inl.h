@@ -117,6 +117,92 @@ inline Vec<T> vbroadcast(T x) {
   return x - Vec<T>{};
 }
 
+// r[i] lane j <-> r[j] lane i for the kLanes<T> vectors r[0..kLanes): a square transpose in
+// registers where the ISA has the shuffles (pairs within 128-bit lanes, then 128-bit lanes
+// across vectors), through memory elsewhere.
+template <typename T>
+inline void transpose_lanes(Vec<T>* r) {
+  constexpr int L = kLanes<T>;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // u[4i + k], 128-bit lane l: word 4l + k of rows 4i..4i+3
+      u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+      const __m512i b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+      const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+      const __m512i d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+      r[k] = (Vec<T>)_mm512_shuffle_i32x4(a, c, 0x88);
+      r[8 + k] = (Vec<T>)_mm512_shuffle_i32x4(a, c, 0xDD);
+      r[4 + k] = (Vec<T>)_mm512_shuffle_i32x4(b, d, 0x88);
+      r[12 + k] = (Vec<T>)_mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+    return;
+  } else if constexpr (sizeof(Vec<T>) == 64) {
+    __m512i t[8];  // t[2i + k], 128-bit lane l: element 2l + k of rows 2i, 2i + 1
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi64((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi64((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
+    }
+    for (int k = 0; k < 2; ++k) {
+      const __m512i a = _mm512_shuffle_i64x2(t[k], t[2 + k], 0x88);
+      const __m512i b = _mm512_shuffle_i64x2(t[k], t[2 + k], 0xDD);
+      const __m512i c = _mm512_shuffle_i64x2(t[4 + k], t[6 + k], 0x88);
+      const __m512i d = _mm512_shuffle_i64x2(t[4 + k], t[6 + k], 0xDD);
+      r[k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0x88);
+      r[4 + k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0xDD);
+      r[2 + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0x88);
+      r[6 + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0xDD);
+    }
+    return;
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(Vec<T>) == 32 && sizeof(T) == 4) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps((__m256)r[2 * i], (__m256)r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps((__m256)r[2 * i], (__m256)r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {  // u[4i + k], 128-bit lane l: element 4l + k of rows 4i..4i+3
+      u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {
+      r[k] = (Vec<T>)_mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+      r[4 + k] = (Vec<T>)_mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+    return;
+  } else if constexpr (sizeof(Vec<T>) == 32) {
+    const __m256d t0 = _mm256_unpacklo_pd((__m256d)r[0], (__m256d)r[1]);
+    const __m256d t1 = _mm256_unpackhi_pd((__m256d)r[0], (__m256d)r[1]);
+    const __m256d t2 = _mm256_unpacklo_pd((__m256d)r[2], (__m256d)r[3]);
+    const __m256d t3 = _mm256_unpackhi_pd((__m256d)r[2], (__m256d)r[3]);
+    r[0] = (Vec<T>)_mm256_permute2f128_pd(t0, t2, 0x20);
+    r[1] = (Vec<T>)_mm256_permute2f128_pd(t1, t3, 0x20);
+    r[2] = (Vec<T>)_mm256_permute2f128_pd(t0, t2, 0x31);
+    r[3] = (Vec<T>)_mm256_permute2f128_pd(t1, t3, 0x31);
+    return;
+  }
+#endif
+  T m[L][L];
+  for (int i = 0; i < L; ++i)
+    for (int j = 0; j < L; ++j) m[j][i] = r[i][j];
+  for (int i = 0; i < L; ++i)
+    for (int j = 0; j < L; ++j) r[i][j] = m[i][j];
+}
+
 // Lane i = p[i % N]: N values repeated across the vector (one block broadcast where the
 // ISA has it, where GCC would insert lane by lane).
 template <int N, typename T>
