@@ -553,6 +553,7 @@ def attention(
             weights=weights,
             sinks=head_values(args)[0],
             scale=spec.scale,
+            mask_summary=args.mask_summary,  # a BlockMask's, as in SDPA
             **shared,
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
