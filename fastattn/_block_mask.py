@@ -4,7 +4,7 @@ skip, for a mask reused across layers or calls (block-sparse, local + global, ke
 The kernels themselves summarise any bool mask once per call (which keys each mask row
 leaves visible, per chunk of 64 keys) and skip what it hides; a BlockMask is that mask
 checked and frozen once, read-only, with that summary built once (by the kernels' own
-function) and handed to every scaled_dot_product_attention call it is passed to, and its
+function) and handed to every SDPA-kernel call it is passed to, and its
 per-tile counts for inspection. It means
 exactly its dense mask (it is an array-like: ``np.asarray`` gives the mask), so
 ``attn_mask=block_mask(m)`` gives bit for bit the result of ``attn_mask=m`` wherever an
@@ -56,8 +56,8 @@ class BlockMask:
     mask = property(lambda self: self._mask)
     block_size = property(lambda self: self._block_size)
     tile_counts = property(lambda self: self._tile_counts)
-    # The kernels' summary of ``mask`` (opaque; None for an empty mask), which
-    # scaled_dot_product_attention hands to its kernel with the mask.
+    # The kernels' summary of ``mask`` (opaque; None for an empty mask), which every call
+    # of the SDPA kernel with this mask is handed (SdpaArgs.mask_summary).
     summary = property(lambda self: self._summary)
 
     @property

@@ -17,7 +17,7 @@ import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
 from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
-from fastattn._dtypes import is_16bit_float, is_bfloat16
+from fastattn._dtypes import is_bfloat16
 from fastattn._prepare import (
     attention_buffers,
     attention_masks,
@@ -33,6 +33,7 @@ from fastattn._prepare import (
     sdpa_storage_dtype,
     shared_options,
     softmax_masks,
+    storage_dtype,
     to_batch,
     weights_dtype,
 )
@@ -116,7 +117,7 @@ def masked_softmax(
     threads = _threads.resolve(num_threads)
 
     # float16/bfloat16 go to the kernel as they are (it widens them row by row).
-    dtype = args.x.dtype if is_16bit_float(args.x.dtype) else args.compute_dtype
+    dtype = storage_dtype(args.x.dtype, args.compute_dtype)
     ax = args.axis
     xk = item_aligned(args.x, dtype)
     keep, lens = softmax_masks(args)
@@ -553,6 +554,7 @@ def attention(
             weights=weights,
             sinks=head_values(args)[0],
             scale=spec.scale,
+            mask_summary=args.mask_summary,  # a BlockMask's, as in SDPA
             **shared,
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
@@ -656,7 +658,7 @@ def nadaraya_watson(
 
     dtype = ra.compute_dtype
     # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
-    storage = ra.result_dtype if is_16bit_float(ra.result_dtype) else dtype
+    storage = storage_dtype(ra.result_dtype, dtype)
     # (batch..., 1, L, D): one head
     xq, xk, y = (
         to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]

@@ -180,14 +180,19 @@ def pack(output, *extras):
     return (output, *found) if found else output
 
 
+def storage_dtype(result_dtype: np.dtype, compute_dtype: np.dtype, int8_kv: bool = False):
+    """The dtype the kernels read their float inputs and write the output in: a float16 or
+    bfloat16 result (every input of that dtype) as it is, widened block by block inside the
+    kernel and rounded on store; otherwise (int8 key/value included: a float32 query) the
+    compute dtype."""
+    if is_16bit_float(result_dtype) and not int8_kv:
+        return result_dtype
+    return compute_dtype
+
+
 def sdpa_storage_dtype(args: SdpaArgs) -> np.dtype:
-    """The dtype the SDPA kernels read q/k/v and write the output in: a float16 or bfloat16
-    result (every input of that dtype) as it is, widened block by block inside the kernel
-    and rounded on store; otherwise (int8 key/value included: a float32 query) the compute
-    dtype."""
-    if is_16bit_float(args.result_dtype) and not args.int8_kv:
-        return args.result_dtype
-    return args.compute_dtype
+    """The dtype the SDPA kernels read q/k/v and write the output in (:func:`storage_dtype`)."""
+    return storage_dtype(args.result_dtype, args.compute_dtype, args.int8_kv)
 
 
 def weights_dtype(args: SdpaArgs) -> np.dtype:

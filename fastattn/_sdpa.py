@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _cuda, _dispatch, _threads
-from fastattn._block_mask import BlockMask
 from fastattn._prepare import (
     attention_buffers,
     attention_result,
@@ -246,13 +245,10 @@ def scaled_dot_product_attention(
             },
         )
 
-    # A BlockMask carries its mask's tile summary: the kernel reads it rather than
-    # summarising the mask again (it checks that the summary is of the mask it gets).
-    summary = attn_mask.summary if isinstance(attn_mask, BlockMask) else None
-    return compute(args, out, want_lse, want_weights, threads, summary)
+    return compute(args, out, want_lse, want_weights, threads)
 
 
-def compute(args, out, want_lse: bool, want_weights: bool, threads: int, mask_summary=None):
+def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
     """The checked call, computed on the CPU kernels (also the Dask path's blocks, which
     set ``args.diag_offset`` to the block's absolute offset)."""
     # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
@@ -282,7 +278,8 @@ def compute(args, out, want_lse: bool, want_weights: bool, threads: int, mask_su
         softcap=args.softcap or 0.0,
         **shared_options(args, threads),
         **scales,
-        mask_summary=mask_summary,
+        # A BlockMask's tile summary (checked by the kernel to be of the mask it gets).
+        mask_summary=args.mask_summary,
     )
 
     return attention_result(args, out, result, in_place, lse, weights)

@@ -300,6 +300,9 @@ class SdpaArgs:
     # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
     key_scale: np.ndarray | None = None
     value_scale: np.ndarray | None = None
+    # The tile summary a BlockMask attn_mask carries (fastattn.block_mask), or None: the
+    # SDPA kernel reads it instead of summarising the same mask again on every call.
+    mask_summary: object = None
 
     @property
     def int8_kv(self) -> bool:
@@ -409,7 +412,17 @@ def _layout(
         is_causal=causal,
         diag_offset=(lk - lq) if causal_alignment == "bottom_right" else 0,
         window=win,
+        mask_summary=_block_summary(attn_mask),
     )
+
+
+def _block_summary(attn_mask: object):
+    """The precomputed tile summary of a BlockMask ``attn_mask``, else None."""
+    if attn_mask is None or isinstance(attn_mask, np.ndarray):
+        return None
+    from fastattn._block_mask import BlockMask  # (it imports this module)
+
+    return attn_mask.summary if isinstance(attn_mask, BlockMask) else None
 
 
 def quantize_args(x: object, axis: object) -> tuple[np.ndarray, int]:

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _cuda, _threads
-from fastattn._dtypes import is_16bit_float
-from fastattn._prepare import finish, kernel_ready, result_buffer
+from fastattn._prepare import finish, kernel_ready, result_buffer, storage_dtype
 from fastattn._validation import check_flag, check_out, varlen_args
 
 if TYPE_CHECKING:
@@ -130,7 +129,7 @@ def varlen_attention(
     dtype = args.compute_dtype
     # float16/bfloat16 are read as stored (widened, or bfloat16 products, in the kernel),
     # as scaled_dot_product_attention reads them; lse stays in the compute dtype.
-    storage = args.result_dtype if is_16bit_float(args.result_dtype) else dtype
+    storage = storage_dtype(args.result_dtype, dtype)
     # The kernel sees the packed call as one SDPA without a batch: (heads, tokens, features).
     q = kernel_ready(args.query, storage).transpose(1, 0, 2)
     k = kernel_ready(args.key, storage).transpose(1, 0, 2)

@@ -17,16 +17,15 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
+from helpers.attention_checks import assert_close, same_bits
 from helpers.family_checks import (
     DTYPES,
     additive_score_error,
-    assert_close,
     build,
     compute_eps,
     finite_max,
     fixture_ok,
     out_buffer,
-    same_bits,
     specs,
     tolerances,
 )

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
-from helpers.family_checks import DTYPES, assert_close, compute_eps, fixture_ok, same_bits
+from helpers.attention_checks import assert_close, same_bits
+from helpers.family_checks import DTYPES, compute_eps, fixture_ok
 
 masked_softmax = fastattn.masked_softmax
 IMPLS = pytest.mark.parametrize(

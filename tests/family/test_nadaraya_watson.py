@@ -21,13 +21,12 @@ import fastattn
 from fastattn import reference
 from fastattn._compute import silverman_bandwidth
 
+from helpers.attention_checks import assert_close, same_bits
 from helpers.family_checks import (
     DTYPES,
-    assert_close,
     compute_eps,
     finite_max,
     fixture_ok,
-    same_bits,
 )
 
 nw = fastattn.nadaraya_watson

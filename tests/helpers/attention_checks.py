@@ -126,12 +126,17 @@ def attention_tolerances(query, key, value, *, attn_mask=None, scale=None, softc
     return out_tol, lse_tol, weights_tol
 
 
-def _assert_array_close(name: str, got, expected, tol: float) -> None:
-    assert isinstance(got, np.ndarray), f"{name}: got {type(got).__name__}, not an ndarray"
+def assert_close(name: str, got, expected, tol: float, rows=None) -> None:
+    """Same shape and dtype; NaN/+inf/-inf at the same places; finite entries within tol.
+    ``rows`` (bool over the leading axes of the output rows) limits the check."""
+    assert isinstance(got, np.ndarray), f"{name}: got {type(got).__name__}"
     assert got.shape == expected.shape, f"{name}: shape {got.shape} != {expected.shape}"
     assert got.dtype == expected.dtype, f"{name}: dtype {got.dtype} != {expected.dtype}"
     g = got.astype(np.float64)
     e = expected.astype(np.float64)
+    if rows is not None:
+        keep = np.broadcast_to(np.asarray(rows)[..., None], g.shape)
+        g, e = np.where(keep, g, 0.0), np.where(keep, e, 0.0)
     for what, pred in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
         bad = pred(g) != pred(e)
         assert not bad.any(), (
@@ -146,6 +151,27 @@ def _assert_array_close(name: str, got, expected, tol: float) -> None:
             f"{name}: max abs error {err[worst]:.3g} > tol {tol:.3g} at {worst}: "
             f"got {g[worst]!r}, expected {e[worst]!r}"
         )
+
+
+def bits(a) -> np.ndarray:
+    """The bytes of ``a`` (C order), for comparisons that tell -0.0 from 0.0 and NaNs apart."""
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` have the same shape, dtype and bits."""
+    return a.shape == b.shape and a.dtype == b.dtype and bits(a).tobytes() == bits(b).tobytes()
+
+
+def assert_same_bits(got, want) -> None:
+    """``got`` and ``want`` (arrays, or tuples of them) have the same dtypes, shapes and
+    bits."""
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+        np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def assert_close_attention(
@@ -163,11 +189,11 @@ def assert_close_attention(
     )
     got_out, got_lse, got_w = got
     exp_out, exp_lse, exp_w = expected
-    _assert_array_close("output", got_out, exp_out, out_tol)
+    assert_close("output", got_out, exp_out, out_tol)
     if got_lse is not None:
-        _assert_array_close("lse", got_lse, exp_lse, lse_tol)
+        assert_close("lse", got_lse, exp_lse, lse_tol)
     if got_w is not None:
-        _assert_array_close("weights", got_w, exp_w, w_tol)
+        assert_close("weights", got_w, exp_w, w_tol)
     if exp_lse is not None:
         empty = np.isneginf(exp_lse)
         if empty.any():

@@ -21,8 +21,8 @@ import numpy as np
 
 from fastattn import reference
 
-from .attention_checks import assert_close_attention, unpack
-from .family_checks import additive_score_error, assert_close, compute_eps, finite_max, tolerances
+from .attention_checks import assert_close, assert_close_attention, unpack
+from .family_checks import additive_score_error, compute_eps, finite_max, tolerances
 
 
 def to_device(xp, to_host, a):

@@ -90,33 +90,6 @@ def tolerances(score_err: float, num_keys: int, v_max: float, eps: float, f16: b
     return out_tol, w_tol
 
 
-def assert_close(name: str, got, expected, tol: float, rows=None) -> None:
-    """Same shape and dtype; NaN/+inf/-inf at the same places; finite entries within tol.
-    ``rows`` (bool over the leading axes of the output rows) limits the check."""
-    assert isinstance(got, np.ndarray), f"{name}: got {type(got).__name__}"
-    assert got.shape == expected.shape, f"{name}: shape {got.shape} != {expected.shape}"
-    assert got.dtype == expected.dtype, f"{name}: dtype {got.dtype} != {expected.dtype}"
-    g = got.astype(np.float64)
-    e = expected.astype(np.float64)
-    if rows is not None:
-        keep = np.broadcast_to(np.asarray(rows)[..., None], g.shape)
-        g, e = np.where(keep, g, 0.0), np.where(keep, e, 0.0)
-    for what, pred in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
-        bad = pred(g) != pred(e)
-        assert not bad.any(), (
-            f"{name}: {what} positions differ at {np.argwhere(bad)[:5].tolist()} "
-            f"(got {g[bad][:5]}, expected {e[bad][:5]})"
-        )
-    finite = np.isfinite(e)
-    if finite.any():
-        err = np.abs(np.where(finite, g, 0.0) - np.where(finite, e, 0.0))
-        worst = np.unravel_index(np.argmax(err), err.shape)
-        assert err[worst] <= tol, (
-            f"{name}: max abs error {err[worst]:.3g} > tol {tol:.3g} at {worst}: "
-            f"got {g[worst]!r}, expected {e[worst]!r}"
-        )
-
-
 def unambiguous_rows(weights: np.ndarray, k: int, gap: float) -> np.ndarray:
     """Rows whose top-``k`` selection cannot flip under score errors below ``gap / 2``.
 
@@ -137,14 +110,6 @@ def unambiguous_rows(weights: np.ndarray, k: int, gap: float) -> np.ndarray:
         # k-th must be well clear of the underflow threshold, e^-745).
         clear = (kth - nxt > gap) | (np.isneginf(nxt) & ((kth > -700) | np.isneginf(kth)))
     return clear | nan_rows
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and (np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
-    )
 
 
 # --------------------------------------------------------------------------------------

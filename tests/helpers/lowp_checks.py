@@ -23,6 +23,16 @@ def bf16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def lowp_dtype(name: str) -> np.dtype:
+    """The 16-bit float dtype named ``"float16"`` or ``"bfloat16"``."""
+    return bf16() if name == "bfloat16" else np.dtype(np.float16)
+
+
+def cast(arrays, dtype) -> list:
+    """Each of ``arrays`` converted to ``dtype``."""
+    return [np.asarray(a).astype(dtype) for a in arrays]
+
+
 @st.composite
 def attention_calls(draw, max_len: int = 40):
     """(q, k, v float64 arrays, kwargs) of a random call: batch, GQA heads, lengths that
@@ -95,6 +105,30 @@ def bf16_twin(q, k, v, kwargs) -> np.ndarray:
     return out.astype(np.float64)
 
 
+def assert_within_rule(got, twin, ref, what="output") -> None:
+    """The bfloat16 accuracy rule: max |got - ref| <= 2 * max |twin - ref| (``twin`` rounded
+    as ``got`` is, both against the float64 ``ref``). The twin's error is floored at a
+    quarter of a bfloat16 ulp of the largest entry (2^-9 relative): with few elements its
+    own rounding alone may happen to be near 0, while ours is that rounding plus float32
+    error."""
+    err = np.abs(np.asarray(got).astype(np.float64) - ref).max(initial=0.0)
+    twin_err = np.abs(twin - ref).max(initial=0.0)
+    floor = 2.0**-9 * np.abs(ref).max(initial=0.0)
+    assert err <= 2 * max(twin_err, floor), (what, err, twin_err, floor)
+
+
+def assert_bf16_rule(got, q, k, v, kwargs, what="output") -> None:
+    """``got``, the bfloat16 SDPA of (q, k, v) rounded to bfloat16, against the float64
+    reference on those rounded inputs, within :func:`assert_within_rule` of
+    :func:`bf16_twin`."""
+    t = bf16()
+    ref = fastattn.reference.scaled_dot_product_attention(
+        *cast(cast((q, k, v), t), np.float64), **kwargs
+    )
+    twin = bf16_twin(q, k, v, kwargs).astype(t).astype(np.float64)
+    assert_within_rule(got, twin, ref, what)
+
+
 def peak_traced_bytes(call) -> int:
     """The peak of NumPy's (traced) allocations while ``call()`` runs."""
     tracemalloc.start()
@@ -103,3 +137,11 @@ def peak_traced_bytes(call) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def assert_peak_below_f32_query(call, q) -> None:
+    """``call()``, once warmed up (thread pool, first-call allocations), allocates less than
+    one float32 copy of ``q`` at its peak: the kernel reads the 16-bit arrays themselves."""
+    call()
+    peak = peak_traced_bytes(call)
+    assert peak < q.size * 4, peak

@@ -13,29 +13,19 @@ from hypothesis import strategies as st
 
 import fastattn
 
-from helpers.lowp_checks import attention_calls, bf16, bf16_twin, poisoned
+from helpers.attention_checks import assert_same_bits
+from helpers.lowp_checks import (
+    assert_bf16_rule,
+    attention_calls,
+    bf16,
+    cast,
+    poisoned,
+)
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 sdpa = fastattn.scaled_dot_product_attention
 DOT = "avx512bf16"
 HAS_DOT = DOT in fastattn._core.available_isas()
-
-
-def _bf16(*arrays):
-    return [np.asarray(a).astype(bf16()) for a in arrays]
-
-
-def _rule(got, q, k, v, kwargs):
-    """The accuracy rule of helpers.lowp_checks (see test_storage.py)."""
-    qb, kb, vb = _bf16(q, k, v)
-    ref = fastattn.reference.scaled_dot_product_attention(
-        *(a.astype(np.float64) for a in (qb, kb, vb)), **kwargs
-    )
-    twin = bf16_twin(q, k, v, kwargs).astype(bf16()).astype(np.float64)
-    err = np.abs(got.astype(np.float64) - ref).max(initial=0.0)
-    twin_err = np.abs(twin - ref).max(initial=0.0)
-    floor = 2.0**-9 * np.abs(ref).max(initial=0.0)
-    assert err <= 2 * max(twin_err, floor), (err, twin_err, floor)
 
 
 @st.composite
@@ -69,18 +59,18 @@ def long_calls(draw):
 @given(call=long_calls())
 def test_accuracy_rule_over_key_blocks(isa, call):
     q, k, v, kwargs = call
-    qb, kb, vb = _bf16(q, k, v)
+    qb, kb, vb = cast((q, k, v), bf16())
     out = poisoned(q.shape[:-1] + v.shape[-1:], bf16())
     got = sdpa(qb, kb, vb, **kwargs, out=out)
     assert got is out and got.dtype == bf16()
-    _rule(got, q, k, v, kwargs)
+    assert_bf16_rule(got, q, k, v, kwargs)
 
 
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(call=attention_calls(max_len=70))
 def test_accuracy_rule_with_every_option(isa, call):
     q, k, v, kwargs = call
-    _rule(sdpa(*_bf16(q, k, v), **kwargs), q, k, v, kwargs)
+    assert_bf16_rule(sdpa(*cast((q, k, v), bf16()), **kwargs), q, k, v, kwargs)
 
 
 @pytest.mark.parametrize(
@@ -93,13 +83,13 @@ def test_accuracy_rule_with_every_option(isa, call):
 )
 def test_bit_identical_for_any_thread_count(isa, shapes, kwargs):
     rng = np.random.default_rng(21)
-    q, k, v = _bf16(*(rng.standard_normal(s) for s in shapes))
+    q, k, v = cast((rng.standard_normal(s) for s in shapes), bf16())
     first = sdpa(q, k, v, num_threads=1, return_lse=True, **kwargs)
     for n in (2, 3, 7):
         got = sdpa(q, k, v, num_threads=n, return_lse=True, **kwargs)
         for a, b in zip(first, got):
-            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    _rule(first[0], *(a.astype(np.float32) for a in (q, k, v)), kwargs)
+            assert_same_bits(a, b)
+    assert_bf16_rule(first[0], *(a.astype(np.float32) for a in (q, k, v)), kwargs)
 
 
 def test_non_finite_values_of_unseen_keys_stay_out(isa):
@@ -113,10 +103,10 @@ def test_non_finite_values_of_unseen_keys_stay_out(isa):
     v[:, 200] = np.nan
     mask = np.ones((64, 364), bool)
     mask[:, [5, 200]] = False
-    got = sdpa(*_bf16(q, k, v), attn_mask=mask)
+    got = sdpa(*cast((q, k, v), bf16()), attn_mask=mask)
     assert np.isfinite(got.astype(np.float32)).all()
     v[:, [5, 200]] = 0.0  # what the masked rows contribute: nothing
-    _rule(got, q, k, v, {"attn_mask": mask})
+    assert_bf16_rule(got, q, k, v, {"attn_mask": mask})
 
 
 @pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")
@@ -138,9 +128,9 @@ def test_dot_isa_changes_only_bfloat16():
     finally:
         fastattn._core.set_isa(previous)
     for a, b in zip(results["avx512"][:3], results[DOT][:3]):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert_same_bits(a, b)
     assert not np.array_equal(results["avx512"][3].view(np.uint16), results[DOT][3].view(np.uint16))
-    _rule(results[DOT][3], *arrays, {"is_causal": True})
+    assert_bf16_rule(results[DOT][3], *arrays, {"is_causal": True})
 
 
 @pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")

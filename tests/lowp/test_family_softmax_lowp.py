@@ -20,26 +20,14 @@ from hypothesis import strategies as st
 
 import fastattn
 
-from helpers.lowp_checks import bf16, peak_traced_bytes, poisoned
+from helpers.attention_checks import assert_same_bits
+from helpers.lowp_checks import (
+    assert_peak_below_f32_query,
+    lowp_dtype,
+    poisoned,
+)
 
 pytest.importorskip("ml_dtypes")
-
-
-def _dtype(name):
-    return bf16() if name == "bfloat16" else np.dtype(np.float16)
-
-
-def _bits(a):
-    return np.ascontiguousarray(a).view(np.uint8)
-
-
-def _same(got, want):
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-        np.testing.assert_array_equal(_bits(a), _bits(b))
 
 
 @st.composite
@@ -74,7 +62,7 @@ def calls(draw):
 @given(call=calls(), score=st.sampled_from(["dot", "scaled_dot"]), sinks=st.booleans())
 def test_dot_softmax_is_sdpa_on_the_stored_arrays(isa, name, call, score, sinks):
     q, k, v, kw, weights = call
-    dt = _dtype(name)
+    dt = lowp_dtype(name)
     q, k, v = (a.astype(dt) for a in (q, k, v))
     if sinks:
         kw["sinks"] = np.linspace(-1, 1, q.shape[-3]).astype(np.float32)
@@ -83,13 +71,13 @@ def test_dot_softmax_is_sdpa_on_the_stored_arrays(isa, name, call, score, sinks)
     got = fastattn.attention(q, k, v, score=score, return_weights=weights, out=out, **kw)
     assert (got[0] if weights else got) is out
     want = fastattn.scaled_dot_product_attention(q, k, v, scale=scale, return_weights=weights, **kw)
-    _same(got, want)
+    assert_same_bits(got, want)
     if name == "float16":  # the float32 arithmetic: the float32 call, rounded
         wide = fastattn.attention(
             *(a.astype(np.float32) for a in (q, k, v)), score=score, return_weights=weights, **kw
         )
         wide = wide if weights else (wide,)
-        _same(got, tuple(a.astype(np.float16) for a in wide))
+        assert_same_bits(got, tuple(a.astype(np.float16) for a in wide))
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
@@ -97,7 +85,7 @@ def test_dot_softmax_is_sdpa_on_the_stored_arrays(isa, name, call, score, sinks)
 @given(call=calls(), normalize=st.sampled_from(["softmax", "hardmax", "topk"]))
 def test_gaussian_is_the_float32_call_rounded(isa, name, call, normalize):
     q, k, v, kw, weights = call
-    dt = _dtype(name)
+    dt = lowp_dtype(name)
     q, k, v = (a.astype(dt) for a in (q, k, v))
     q[..., :1, :1] = np.inf  # an infinitely far query row (and key row): zeroed operands
     k[..., :1, :1] = np.inf
@@ -109,22 +97,16 @@ def test_gaussian_is_the_float32_call_rounded(isa, name, call, normalize):
     want = want if weights else (want,)
     w_dt = np.float32 if name == "bfloat16" else np.float16
     rounded = (want[0].astype(dt),) + tuple(a.astype(w_dt) for a in want[1:])
-    _same(got, rounded)
-
-
-def _peak_below_f32_query(call, q):
-    call()  # warm up (thread pool, first-call allocations)
-    peak = peak_traced_bytes(call)
-    assert peak < q.size * 4, peak
+    assert_same_bits(got, rounded)
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("score", ["dot", "scaled_dot"])
 def test_dot_softmax_no_float32_copy(name, score):
-    dt = _dtype(name)
+    dt = lowp_dtype(name)
     rng = np.random.default_rng(41)
     q, k, v = (rng.standard_normal((4, 4, 1024, 64)).astype(dt) for _ in range(3))
-    _peak_below_f32_query(lambda: fastattn.attention(q, k, v, score=score, is_causal=True), q)
+    assert_peak_below_f32_query(lambda: fastattn.attention(q, k, v, score=score, is_causal=True), q)
 
 
 @pytest.mark.parametrize(
@@ -133,11 +115,11 @@ def test_dot_softmax_no_float32_copy(name, score):
 def test_gaussian_no_float32_copy(name, normalize):
     """The query and values are read as stored; the per-key bias (from float64 norms of the
     keys, a transient of the key's size) is the only other array."""
-    dt = _dtype(name)
+    dt = lowp_dtype(name)
     rng = np.random.default_rng(42)
     q = rng.standard_normal((8, 4, 2048, 64)).astype(dt)
     k, v = (rng.standard_normal((8, 4, 128, 64)).astype(dt) for _ in range(2))
     top = {"top_k": 4} if normalize == "topk" else {}
-    _peak_below_f32_query(
+    assert_peak_below_f32_query(
         lambda: fastattn.attention(q, k, v, score="gaussian", normalize=normalize, **top), q
     )

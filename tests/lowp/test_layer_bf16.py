@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
-from helpers.lowp_checks import bf16
+from helpers.lowp_checks import assert_within_rule, bf16
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 MHA = fastattn.MultiHeadAttention
@@ -79,13 +79,6 @@ def _twin(layer, x, mask, causal, lens=None):
     return _project(merged, layer.out_proj).astype(np.float64), w.mean(-3)
 
 
-def _rule(got, twin, ref, what):
-    err = np.abs(got.astype(np.float64) - ref).max(initial=0.0)
-    twin_err = np.abs(twin - ref).max(initial=0.0)
-    floor = 2.0**-9 * np.abs(ref).max(initial=0.0)  # one bfloat16 rounding of the result
-    assert err <= 2 * max(twin_err, floor), (what, err, twin_err, floor)
-
-
 @st.composite
 def layers(draw):
     hkv = draw(st.integers(1, 2))
@@ -113,7 +106,7 @@ def layers(draw):
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=layers())
-def test_accuracy_rule(isa, case):
+def test_accuracyassert_within_rule(isa, case):
     layer, x, mask, lens, causal = case
     assert layer.q_proj.weight.dtype == bf16() and layer.out_proj.weight.dtype == bf16()
     out, w = layer(x, attn_mask=mask, valid_lens=lens, is_causal=causal, need_weights=True)
@@ -134,10 +127,10 @@ def test_accuracy_rule(isa, case):
         need_weights=True,
     )
     twin, twin_w = _twin(layer, xb, mask, causal, lens)
-    _rule(out, twin, exact, "output")
-    _rule(w, twin_w, exact_w, "weights")
+    assert_within_rule(out, twin, exact, "output")
+    assert_within_rule(w, twin_w, exact_w, "weights")
     # The twin rounded to bfloat16 as the layer returns it is within the same bound.
-    _rule(ref, twin, exact, "reference")
+    assert_within_rule(ref, twin, exact, "reference")
 
 
 def test_decode_with_a_bfloat16_cache(isa):
@@ -158,7 +151,7 @@ def test_decode_with_a_bfloat16_cache(isa):
         **{n: None if a is None else a.astype(np.float64) for n, a in _weights(layer).items()},
         is_causal=True,
     )
-    _rule(got, _twin(layer, xb, None, True)[0], exact, "decode")
+    assert_within_rule(got, _twin(layer, xb, None, True)[0], exact, "decode")
     k = _heads(_project(xb, layer.k_proj), 2)  # the cache: the projections, rounded once
     np.testing.assert_allclose(cache.key.astype(F32), k, rtol=2.0**-7, atol=1e-6)
 

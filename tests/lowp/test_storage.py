@@ -11,27 +11,25 @@ dot-product kernel's own tests are in test_bf16_dot.py.
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 import fastattn
 
-from helpers.lowp_checks import attention_calls, bf16, bf16_twin, poisoned
+from helpers.attention_checks import assert_same_bits
+from helpers.lowp_checks import (
+    assert_bf16_rule,
+    attention_calls,
+    bf16,
+    cast,
+    lowp_dtype,
+    peak_traced_bytes,
+    poisoned,
+)
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 sdpa = fastattn.scaled_dot_product_attention
-
-
-def _cast(arrays, dtype):
-    return [a.astype(dtype) for a in arrays]
-
-
-def _same_bits(a, b):
-    assert a.dtype == b.dtype and a.shape == b.shape
-    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
@@ -39,58 +37,48 @@ def _same_bits(a, b):
 @given(call=attention_calls())
 def test_widened_in_kernel_equals_float32_call_rounded(isa, name, call):
     q, k, v, kwargs = call
-    dtype = np.dtype(np.float16) if name == "float16" else bf16()
-    q16, k16, v16 = _cast((q, k, v), dtype)
+    dtype = lowp_dtype(name)
+    q16, k16, v16 = cast((q, k, v), dtype)
     out = poisoned(
         np.broadcast_shapes(q.shape[:-3], k.shape[:-3]) + q.shape[-3:-1] + v.shape[-1:], dtype
     )
     got, lse, w = sdpa(q16, k16, v16, **kwargs, out=out, return_lse=True, return_weights=True)
     assert got is out
     want, lse32, w32 = sdpa(
-        *_cast((q16, k16, v16), np.float32), **kwargs, return_lse=True, return_weights=True
+        *cast((q16, k16, v16), np.float32), **kwargs, return_lse=True, return_weights=True
     )
     if name == "bfloat16" and isa == "avx512bf16":
         # Its tiled kernel rounds P to bfloat16 and sums in vdpbf16ps's order (not the
         # float32 kernel's): held to the accuracy rule instead (test_bf16_dot.py). Its two
         # entries (with extras, and the plain fast path) still agree bit for bit.
-        _same_bits(sdpa(q16, k16, v16, **kwargs), got)
+        assert_same_bits(sdpa(q16, k16, v16, **kwargs), got)
         return
-    _same_bits(got, want.astype(dtype))
+    assert_same_bits(got, want.astype(dtype))
     assert lse.dtype == np.float32
-    _same_bits(lse, lse32)
+    assert_same_bits(lse, lse32)
     # Weights: the result dtype for float16 (as before), float32 for bfloat16.
-    _same_bits(w, w32 if name == "bfloat16" else w32.astype(np.float16))
+    assert_same_bits(w, w32 if name == "bfloat16" else w32.astype(np.float16))
     # Without out= and extras (the fast path for plain calls) the same output.
-    _same_bits(sdpa(q16, k16, v16, **kwargs), want.astype(dtype))
+    assert_same_bits(sdpa(q16, k16, v16, **kwargs), want.astype(dtype))
 
 
 @settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(call=attention_calls())
 def test_bfloat16_accuracy_rule(isa, call):
     """max |fast - ref64| <= 2 * max |twin - ref64|, the twin's output rounded to bfloat16
-    as ours is. The twin's error is floored at a quarter of a bfloat16 ulp of the largest
-    output (2^-9 relative): with few elements its output rounding alone may happen to be
-    near 0, while ours is that rounding plus float32 error."""
+    as ours is (lowp_checks.assert_within_rule, with its floor)."""
     q, k, v, kwargs = call
     t = bf16()
-    q16, k16, v16 = _cast((q, k, v), t)
-    got = sdpa(q16, k16, v16, **kwargs)
+    got = sdpa(*cast((q, k, v), t), **kwargs)
     assert got.dtype == t
-    ref = fastattn.reference.scaled_dot_product_attention(
-        *_cast((q16, k16, v16), np.float64), **kwargs
-    )
-    twin = bf16_twin(q, k, v, kwargs).astype(t).astype(np.float64)
-    err = np.abs(got.astype(np.float64) - ref).max(initial=0.0)
-    twin_err = np.abs(twin - ref).max(initial=0.0)
-    floor = 2.0**-9 * np.abs(ref).max(initial=0.0)
-    assert err <= 2 * max(twin_err, floor), (err, twin_err, floor)
+    assert_bf16_rule(got, q, k, v, kwargs)
 
 
 def test_dtype_rules():
     rng = np.random.default_rng(0)
     t = bf16()
     q, k, v = (rng.standard_normal((2, 3, 5, 8)).astype(np.float32) for _ in range(3))
-    qb, kb, vb = _cast((q, k, v), t)
+    qb, kb, vb = cast((q, k, v), t)
     out, lse, w = sdpa(qb, kb, vb, return_lse=True, return_weights=True)
     assert (out.dtype, lse.dtype, w.dtype) == (t, np.float32, np.float32)
     # Mixed bfloat16 / float32 promote to float32; with float64 to float64; bfloat16 with
@@ -121,12 +109,7 @@ def test_float16_makes_no_float32_copy():
     q, k, v = (rng.standard_normal((1, 4, 1024, 64)).astype(np.float16) for _ in range(3))
     sdpa(q, k, v)  # warm up (thread pool, first-call allocations)
     for call in (lambda: sdpa(q, k, v), lambda: sdpa(q, k, v, is_causal=True, return_lse=True)):
-        tracemalloc.start()
-        try:
-            call()
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = peak_traced_bytes(call)
         assert peak < q.size * 4, peak
 
 

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 import fastattn
 
-from helpers.lowp_checks import bf16, bf16_twin, poisoned
+from helpers.attention_checks import assert_same_bits, bits
+from helpers.lowp_checks import (
+    assert_bf16_rule,
+    bf16,
+    lowp_dtype,
+    poisoned,
+)
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 varlen = fastattn.varlen_attention
@@ -76,21 +82,17 @@ def _per_sequence(q, k, v, cu_q, cu_k, kwargs):
     return out, lse
 
 
-def _bits(a):
-    return np.ascontiguousarray(a).view(np.uint8)
-
-
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(call=packed_calls(), dtype=st.sampled_from(["float16", "bfloat16"]))
 def test_each_sequence_is_sdpa_on_it_alone(isa, call, dtype):
     q, k, v, cu_q, cu_k, kwargs = call
-    dt = bf16() if dtype == "bfloat16" else np.dtype(np.float16)
+    dt = lowp_dtype(dtype)
     q, k, v = (a.astype(dt) for a in (q, k, v))
     out = poisoned(q.shape[:-1] + v.shape[-1:], dt)
     got, lse = varlen(q, k, v, cu_q, cu_k, return_lse=True, out=out, **kwargs)
     assert got is out and got.dtype == dt and lse.dtype == np.float32
     want, want_lse = _per_sequence(q, k, v, cu_q, cu_k, kwargs)
-    np.testing.assert_array_equal(_bits(got), _bits(want))
+    assert_same_bits(got, want)
     np.testing.assert_array_equal(lse, want_lse)
 
 
@@ -106,14 +108,8 @@ def test_bfloat16_accuracy_rule(isa, call):
         if ks.shape[1] == 0:  # no keys: zeros (docs/semantics.md)
             assert not got[cu_q[n] : cu_q[n + 1]].astype(np.float32).any()
             continue
-        r = [a.astype(bf16()).astype(np.float64) for a in (qs, ks, vs)]
-        ref = fastattn.reference.scaled_dot_product_attention(*r, **kwargs)
-        twin = bf16_twin(qs, ks, vs, kwargs).astype(bf16()).astype(np.float64)
-        mine = got[cu_q[n] : cu_q[n + 1]].transpose(1, 0, 2).astype(np.float64)
-        err = np.abs(mine - ref).max(initial=0.0)
-        twin_err = np.abs(twin - ref).max(initial=0.0)
-        floor = 2.0**-9 * np.abs(ref).max(initial=0.0)  # one bfloat16 rounding of the output
-        assert err <= 2 * max(twin_err, floor), (n, err, twin_err, floor)
+        mine = got[cu_q[n] : cu_q[n + 1]].transpose(1, 0, 2)
+        assert_bf16_rule(mine, qs, ks, vs, kwargs, f"sequence {n}")
 
 
 @settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -126,7 +122,7 @@ def test_float16_is_the_float32_call_rounded(isa, call):
     want, want_lse = varlen(
         *(a.astype(np.float32) for a in h), cu_q, cu_k, return_lse=True, **kwargs
     )
-    np.testing.assert_array_equal(_bits(got), _bits(want.astype(np.float16)))
+    assert_same_bits(got, want.astype(np.float16))
     np.testing.assert_array_equal(lse, want_lse)
 
 
@@ -140,7 +136,7 @@ def test_bit_identical_for_any_thread_count(isa):
     for n in (2, 3, 7):
         got = varlen(q, k, v, cu_q, cu_k, is_causal=True, return_lse=True, num_threads=n)
         for a, b in zip(first, got):
-            np.testing.assert_array_equal(_bits(a), _bits(b))
+            assert_same_bits(a, b)
 
 
 @pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")
@@ -160,8 +156,8 @@ def test_dot_isa_runs_bfloat16_varlen():
             ]
     finally:
         fastattn._core.set_isa(previous)
-    np.testing.assert_array_equal(_bits(results["avx512"][0]), _bits(results[DOT][0]))
-    assert not np.array_equal(_bits(results["avx512"][1]), _bits(results[DOT][1]))
+    assert_same_bits(results["avx512"][0], results[DOT][0])
+    assert not np.array_equal(bits(results["avx512"][1]), bits(results[DOT][1]))
 
 
 def test_no_float32_copy_of_the_query():

@@ -18,7 +18,7 @@ import fastattn
 from fastattn import reference
 
 from cuda_path.test_dispatch import _stub_cupy
-from helpers.attention_checks import _assert_array_close, attention_tolerances, with_layout
+from helpers.attention_checks import assert_close, attention_tolerances, with_layout
 
 DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 # Layouts a part may arrive in (broadcast parts included: they are read in place).
@@ -69,11 +69,11 @@ def test_matches_reference(isa, case, use_out, threads):
     if use_out:
         assert got is out
     tol = _tolerance(result_dtype.type, len(outputs))
-    _assert_array_close("output", got, expected, tol)
+    assert_close("output", got, expected, tol)
     # lse = m + log(l) with l in [1, parts]: absolute error ~ |m| eps + eps.
     compute = np.float32 if result_dtype == np.float16 else result_dtype.type
     scale = np.nanmax(np.abs(np.where(np.isfinite(expected_lse), expected_lse, 0.0)), initial=1)
-    _assert_array_close("lse", got_lse, expected_lse, 8 * EPS[compute] * (1 + scale))
+    assert_close("lse", got_lse, expected_lse, 8 * EPS[compute] * (1 + scale))
     empty = np.isneginf(expected_lse)
     assert (got[empty] == 0).all()
 
@@ -155,9 +155,9 @@ def test_chunks_merge_to_one_shot(isa, seed, lq, lk, cuts, causal, alignment, wi
     got, got_lse = fastattn.merge_attention_states(outputs, lses)
 
     out_tol, lse_tol, _ = attention_tolerances(q, k, v)
-    _assert_array_close("output", got, expected[0], 2 * out_tol)
-    _assert_array_close("lse", got_lse, expected[1], 2 * lse_tol)
-    _assert_array_close("output vs one-shot", got, one_shot[0], 2 * out_tol)
+    assert_close("output", got, expected[0], 2 * out_tol)
+    assert_close("lse", got_lse, expected[1], 2 * lse_tol)
+    assert_close("output vs one-shot", got, one_shot[0], 2 * out_tol)
     empty = np.isneginf(expected[1])
     assert (got[empty] == 0).all() and np.isneginf(got_lse[empty]).all()
 

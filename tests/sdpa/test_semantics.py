@@ -24,7 +24,12 @@ import pytest
 import fastattn
 from fastattn import reference
 
-from helpers.attention_checks import assert_close_attention, attention_tolerances, unpack
+from helpers.attention_checks import (
+    assert_close_attention,
+    attention_tolerances,
+    same_bits,
+    unpack,
+)
 
 sdpa = fastattn.scaled_dot_product_attention
 
@@ -58,14 +63,6 @@ def check_against_reference(q, k, v, **kwargs):
         softcap=kwargs.get("softcap"),
     )
     return got
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and (np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes())
-    )
 
 
 # --------------------------------------------------------------------------------------

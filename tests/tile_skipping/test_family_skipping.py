@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
+from helpers.attention_checks import assert_close, assert_same_bits
 from helpers.family_checks import (
     additive_score_error,
-    assert_close,
     compute_eps,
     finite_max,
     tolerances,
@@ -38,11 +38,6 @@ COMPOSE = st.sampled_from(["none", "valid_lens", "causal", "window"])
 def as_float_mask(mask, dtype):
     """The same mask as additive 0 / -inf, which no kernel summarises."""
     return np.where(mask, 0.0, -np.inf).astype(dtype)
-
-
-def assert_same_bits(got, want):
-    for a, b in zip(got, want):
-        np.testing.assert_array_equal(a, b)
 
 
 @settings(max_examples=20, suppress_health_check=FIXTURE_OK)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
-from helpers.attention_checks import assert_close_attention
+from helpers.attention_checks import assert_close_attention, same_bits
 
 DTYPES = {"f2": np.float16, "f4": np.float32, "f8": np.float64}
 # Total multiply-adds of one case (sum over sequences of Hq * Lq * Lk * (E + Ev)): a few
@@ -136,10 +136,6 @@ def per_sequence(q, k, v, cu_q, cu_k, **kwargs):
         out[rows] = o.transpose(1, 0, 2)
         lse[rows] = l_.T
     return out, lse
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 def kwargs_of(spec: Spec) -> dict:

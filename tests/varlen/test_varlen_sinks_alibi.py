@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 import fastattn
 from fastattn import reference
 
-from helpers.attention_checks import assert_close_attention
+from helpers.attention_checks import assert_close_attention, same_bits
 from sdpa.test_sinks_alibi import bias_bound
-from varlen.test_varlen import build, fixture_ok, kwargs_of, per_sequence, same_bits, specs
+from varlen.test_varlen import build, fixture_ok, kwargs_of, per_sequence, specs
 
 
 @st.composite
