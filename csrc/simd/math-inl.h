@@ -155,6 +155,26 @@ inline V exp2_approx_vec(V x) {
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
   V xc = x < lo ? lo : x;
   if constexpr (!kNonPositive) xc = xc > hi ? hi : xc;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    // The same n, polynomial and product in three fewer instructions: n rounded by one,
+    // poly * 2^n by scalef (a power-of-two scaling rounded once, as the multiply is), and
+    // the n = kMin - 1 lanes zeroed as the zero exponent field zeroes them below (a NaN
+    // lane compares unequal, so it is kept).
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    if constexpr (sizeof(T) == 4) {
+      const __m512 n = _mm512_roundscale_ps((__m512)xc, kNearest);
+      const V poly = exp2_poly<T>(xc - (V)n);
+      const __mmask16 keep = _mm512_cmp_ps_mask(n, (__m512)lo, _CMP_NEQ_UQ);
+      return (V)_mm512_maskz_scalef_ps(keep, (__m512)poly, n);
+    } else {
+      const __m512d n = _mm512_roundscale_pd((__m512d)xc, kNearest);
+      const V poly = exp2_poly<T>(xc - (V)n);
+      const __mmask8 keep = _mm512_cmp_pd_mask(n, (__m512d)lo, _CMP_NEQ_UQ);
+      return (V)_mm512_maskz_scalef_pd(keep, (__m512d)poly, n);
+    }
+  }
+#endif
   const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
   const V poly = exp2_poly<T>(xc - n);
   // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
