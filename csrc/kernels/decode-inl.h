@@ -45,12 +45,6 @@ constexpr int64_t kPrefetchRows = 32;
 // for a lone decoding row, 1x8 heads x 512-2048 keys).
 constexpr int64_t kPrefetchMinBytes = int64_t(16) << 20;
 
-// Keys per chunk of the P V pass: each column tile takes the chunk's keys before the next
-// tile does, so the value rows stream from memory in order (a whole pass per column tile
-// read every row's first half, then its second) and a chunk's rows are in L1 for the
-// later tiles.
-constexpr int64_t kPvChunk = 32;
-
 // Whether p[0, n) holds no zero (whole vectors, then the tail).
 template <typename T>
 inline bool all_nonzero(const T* p, int64_t n) {
@@ -191,17 +185,13 @@ inline void pv_group(T* p, int64_t p_ld, int64_t nrows, int64_t n, const S* v, i
       for (int g = 0; g < G; ++g)
         for (int64_t j = 0; j < n; ++j) pr[g * p_ld + j] *= scale[j];
     T* ar = acc + r * acc_ld;
-    for (int64_t j0 = 0; j0 < n; j0 += kPvChunk) {
-      const int64_t nj = imin(kPvChunk, n - j0);
-      const S* vj = v + j0 * v_row_stride;
-      int64_t c = 0;
-      for (; c + U * L <= dv; c += U * L)
-        pv_group_cols<T, G, U, S>(pr + j0, p_ld, nj, vj, v_row_stride, c, ar, acc_ld);
-      for (; c + L <= dv; c += L)  // a head dim of fewer whole vectors
-        pv_group_cols<T, G, 1, S>(pr + j0, p_ld, nj, vj, v_row_stride, c, ar, acc_ld);
-    }
+    int64_t c = 0;
+    for (; c + U * L <= dv; c += U * L)
+      pv_group_cols<T, G, U, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld);
+    for (; c + L <= dv; c += L)  // a head dim of fewer whole vectors
+      pv_group_cols<T, G, 1, S>(pr, p_ld, n, v, v_row_stride, c, ar, acc_ld);
     for (int g = 0; g < G; ++g)  // the column tail, pv_row's scalar loop
-      for (int64_t cc = dv / L * L; cc < dv; ++cc) {
+      for (int64_t cc = c; cc < dv; ++cc) {
         T a = ar[g * acc_ld + cc];
         for (int64_t j = 0; j < n; ++j)
           a = vfma(pr[g * p_ld + j], widen<T>(v[j * v_row_stride + cc]), a);
