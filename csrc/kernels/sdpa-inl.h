@@ -490,7 +490,9 @@ inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
   // bfloat16 K^T panels (sdpa_bf16-inl.h) take half the bytes per key: twice the keys.
   const bool dot = kDotBf16<S> && plan.heads * p.len_q >= kRowTile;
   plan.block_k = key_block_size<T>(dot ? (p.dim_q + 1) / 2 : imax(p.dim_q, 1), p.l1_bytes);
-  // About 256 rows per task, fewer when that leaves threads idle.
+  // Tasks of about 512 rows (a task packs each K/V block it reads, so larger tasks pack
+  // less), fewer when that leaves threads idle. The key splits below follow the count of
+  // 256-row tasks, as they were chosen before, which depends on the shape alone.
   const int64_t heads = batch * p.num_heads_kv;
   const int64_t shape_block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t shape_tasks = heads * ((p.len_q + shape_block_q - 1) / shape_block_q);
