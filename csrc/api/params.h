@@ -37,13 +37,19 @@ enum class Storage : int { kCompute = 0, kF16, kBF16, kI8 };
 // make keys invisible.
 // A bool mask's summary built ahead of the calls that reuse the mask (fastattn.block_mask;
 // the layout of kernels/mask_summary-inl.h): rows x row_words words, of the mask whose data
-// is `of`. The kernel uses it only for that very mask (same data, same row layout), else
-// it summarises the mask itself; words null: none.
+// is `of`, over its len_k keys. The kernel uses it only for that very mask read the same
+// way (same data, same row layout, the same keys at unit stride: a mask broadcast along
+// the keys is summarised over its one column, not the call's keys), else it summarises
+// the mask itself; words null: none.
 struct PrebuiltSummary {
   const uint64_t* words = nullptr;
   const void* of = nullptr;
-  int64_t rows = 0, row_words = 0;
+  int64_t rows = 0, row_words = 0, len_k = 0;
 };
+
+// Query rows an SDPA task takes at most (kernels/sdpa-inl.h: sdpa_plan, which takes fewer
+// when that leaves threads idle; heads of a GQA group share them).
+constexpr int64_t kSdpaTaskRows = 512;
 
 struct AttnParams {
   int64_t batch_ndim = 0;

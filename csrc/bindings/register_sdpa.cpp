@@ -288,7 +288,7 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
 struct PrebuiltMaskSummary {
   py::array mask;
   std::vector<uint64_t> words;
-  int64_t rows = 0, row_words = 0;
+  int64_t rows = 0, row_words = 0, len_k = 0;  // len_k: the mask's last axis
 };
 
 }  // namespace
@@ -309,6 +309,7 @@ void register_sdpa(py::module_& m) {
         PrebuiltMaskSummary s;
         s.mask = mask;
         std::vector<int64_t> shape(mask.shape(), mask.shape() + nd);
+        s.len_k = shape[nd - 1];
         {
           py::gil_scoped_release release;
           s.rows = summarise_bool_mask(mask.data(), shape.data(), nd, num_threads, &s.words,
@@ -329,7 +330,7 @@ void register_sdpa(py::module_& m) {
         call.value_scale = array_ref(value_scale, "value_scale");
         if (!mask_summary.is_none()) {
           const auto& s = mask_summary.cast<const PrebuiltMaskSummary&>();
-          call.mask_summary = {s.words.data(), s.mask.data(), s.rows, s.row_words};
+          call.mask_summary = {s.words.data(), s.mask.data(), s.rows, s.row_words, s.len_k};
         }
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);

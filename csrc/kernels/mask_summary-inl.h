@@ -227,7 +227,7 @@ inline void summarise_mask(const AttnParams& p, MaskSummary* sum) {
   if (!bm.data || p.len_k == 0 || sum->rows == 0) return;
   const PrebuiltSummary& pre = p.mask_summary;
   if (pre.words && !sum->is_float && pre.of == bm.data && pre.rows == sum->rows &&
-      pre.row_words == sum->row_words) {
+      pre.row_words == sum->row_words && pre.len_k == p.len_k && bm.col_stride == 1) {
     sum->data = const_cast<uint64_t*>(pre.words);  // read only
     return;
   }

@@ -98,3 +98,48 @@ def test_block_mask_summary_reaches_the_sdpa_kernel(sdpa_summaries):
         sdpa_summaries.clear()
         np.testing.assert_array_equal(call(bm), want)
         assert len(sdpa_summaries) == 1 and sdpa_summaries[0] is bm.summary
+
+
+@settings(max_examples=20, suppress_health_check=FIXTURE_OK)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(DTYPES),
+    lq=st.integers(1, 130),
+    lk=st.integers(2, 300),
+    mask_shape=st.sampled_from(["rows x 1", "1 x 1", "heads x rows x 1", "1 x keys"]),
+    score=st.sampled_from([None, "dot"]),
+)
+def test_block_mask_broadcast_along_an_axis(isa, seed, dtype, lq, lk, mask_shape, score):
+    """A BlockMask whose mask broadcasts along the keys (a size-1 last axis) was summarised
+    over its one column: the kernel must not read that summary as one of the call's lk
+    keys (it would see key 0 alone). Such a mask, and one broadcast along the rows, give
+    the reference's result and bit for bit the dense mask's call."""
+    rng = np.random.default_rng(seed)
+    h = 2
+    shape = {
+        "rows x 1": (lq, 1),
+        "1 x 1": (1, 1),
+        "heads x rows x 1": (h, lq, 1),
+        "1 x keys": (1, lk),
+    }[mask_shape]
+    m = rng.random(shape) < 0.7
+    bm = fastattn.block_mask(m)
+    q, k, v = (rng.standard_normal((1, h, n, 16)).astype(dtype) for n in (lq, lk, lk))
+
+    def call(mask, threads=None):
+        if score is None:
+            return fastattn.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, num_threads=threads
+            )
+        return fastattn.attention(q, k, v, attn_mask=mask, score=score, num_threads=threads)
+
+    got = call(bm)
+    scale = 1.0 if score == "dot" else None
+    want = reference.scaled_dot_product_attention(
+        q, k, v, attn_mask=np.asarray(m), scale=scale, return_lse=True
+    )
+    assert_close_attention(
+        (got, None, None), unpack(want, True), q, k, v, attn_mask=np.asarray(m), scale=scale
+    )
+    for threads in (1, 2):
+        np.testing.assert_array_equal(got, call(np.array(m), threads))
