@@ -69,7 +69,7 @@ void varlen_attention(const VarlenCall& c) {
   // Threads for the size of all sequences together; each runs its task cut.
   double work = 0;
   const int64_t heads = p.num_heads_kv > 0 ? p.num_heads_q / p.num_heads_kv : 1;
-  const int64_t task_rows = std::max<int64_t>(1, 256 / std::max<int64_t>(heads, 1));
+  const int64_t task_rows = std::max<int64_t>(1, kSdpaTaskRows / std::max<int64_t>(heads, 1));
   // Sequences by the size of their largest task (rows x keys, the rows as sdpa_plan cuts
   // them), largest first; ties keep their order. The result does not depend on the order.
   std::vector<int64_t> order(static_cast<size_t>(N)), cost(static_cast<size_t>(N));

@@ -490,13 +490,13 @@ inline bool sdpa_plan(const SdpaParams& p, int64_t batch, Plan* out) {
   // bfloat16 K^T panels (sdpa_bf16-inl.h) take half the bytes per key: twice the keys.
   const bool dot = kDotBf16<S> && plan.heads * p.len_q >= kRowTile;
   plan.block_k = key_block_size<T>(dot ? (p.dim_q + 1) / 2 : imax(p.dim_q, 1), p.l1_bytes);
-  // Tasks of about 512 rows (a task packs each K/V block it reads, so larger tasks pack
-  // less), fewer when that leaves threads idle. The key splits below follow the count of
-  // 256-row tasks, as they were chosen before, which depends on the shape alone.
+  // Tasks of about kSdpaTaskRows rows (a task packs each K/V block it reads, so larger
+  // tasks pack less), fewer when that leaves threads idle. The key splits below follow the
+  // count of 256-row tasks, as they were chosen before, which depends on the shape alone.
   const int64_t heads = batch * p.num_heads_kv;
   const int64_t shape_block_q = imax(1, imin(p.len_q, 256 / plan.heads));
   const int64_t shape_tasks = heads * ((p.len_q + shape_block_q - 1) / shape_block_q);
-  plan.block_q = imax(1, imin(p.len_q, 512 / plan.heads));
+  plan.block_q = imax(1, imin(p.len_q, kSdpaTaskRows / plan.heads));
   while (plan.block_q > 16 &&
          heads * ((p.len_q + plan.block_q - 1) / plan.block_q) < 4 * int64_t(p.num_threads))
     plan.block_q /= 2;

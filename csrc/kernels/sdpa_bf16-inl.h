@@ -80,6 +80,7 @@ inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int
   // Whole column tiles: 16 keys x 16 pair words at a time, one load per key and a 16 x 16
   // word transpose in registers (transpose_lanes). A gather per 16 words did the same, but
   // gathers are slow (Zen 4: about 5 % of a 1x8 2048^2 E64 call's time went to them).
+  static_assert(CT == 32 && kLanes<float> == 16, "a column tile is two 16-word halves");
   for (; j0 + CT <= n; j0 += CT) {
     uint32_t* dst = kt + (j0 / CT) * E2 * CT;
     for (int half = 0; half < 2; ++half) {

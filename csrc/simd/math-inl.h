@@ -150,7 +150,8 @@ inline V exp2_approx_vec(V x) {
   typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
   typedef typename Tr::UBits UBitsV __attribute__((vector_size(sizeof(V))));
   // Clamp to [kMin - 1, kMax]: n = kMin - 1 gives a zero exponent field, so the result
-  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select. A NaN passes the
+  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select (AVX-512: by a mask,
+  // below). A NaN passes the
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
   V xc = x < lo ? lo : x;

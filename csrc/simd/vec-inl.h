@@ -123,6 +123,7 @@ inline Vec<T> vbroadcast(T x) {
 template <typename T>
 inline void transpose_lanes(Vec<T>* r) {
   constexpr int L = kLanes<T>;
+  static_assert(std::is_floating_point_v<T>, "the wide paths below are float or double");
 #if defined(__AVX512F__)
   if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4) {
     __m512i t[16], u[16];
@@ -408,6 +409,7 @@ inline V vmax(V a, V b) {
 template <typename T>
 inline T reduce_add(Vec<T> x) {
   constexpr int L = kLanes<T>;
+  static_assert(std::is_floating_point_v<T>, "the wide paths below are float or double");
   // The wide ISAs: each round adds the vector to a copy with lane i + w moved to lane i
   // (in-lane permutes, then 128-bit block swaps), in registers rather than through memory.
 #if defined(__AVX512F__)
@@ -448,7 +450,7 @@ inline T reduce_add(Vec<T> x) {
 }
 
 // a[0..L) -> one vector whose lane i is reduce_add(a[i]): log2(L) rounds of adding the even
-// and odd lanes of neighbouring vectors (a is overwritten). The wide ISAs take each round
+// and odd lanes of neighbouring vectors (a may be overwritten). The wide ISAs take each round
 // with the cheapest shuffle that pairs the same lanes: in-lane shuffles while the lanes
 // summed share a 128-bit block, block shuffles after; the generic form's two-source
 // permutes cost about a fifth of an int8 decoding pass (they overwrite a source, so the
@@ -456,6 +458,7 @@ inline T reduce_add(Vec<T> x) {
 template <typename T>
 inline Vec<T> reduce_lanes_of(Vec<T>* a) {
   constexpr int L = kLanes<T>;
+  static_assert(std::is_floating_point_v<T>, "the wide paths below are float or double");
 #if defined(__AVX512F__)
   if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4) {
     // Round 1 adds lanes 4j+0/1 and 4j+2/3 of a pair of vectors; round 2 makes block j of
