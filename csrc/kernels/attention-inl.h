@@ -231,6 +231,12 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
                       T* kt, const float* scale = nullptr) {
   constexpr int CT = kColTile<T>, L = kLanes<T>;
   using V = typename VecOf<T>::type;
+  // Key j's element e as the compute type (widened; an int8 key dequantised).
+  const auto elem = [&](int64_t j, int64_t e) {
+    const T x = widen<T>(k[j * row_stride + e]);
+    if constexpr (std::is_same_v<S, int8_t>) return T(x * T(scale[j]));
+    return x;
+  };
   // Whole groups of L keys (never across a column tile: CT = 2L) by whole vectors of
   // head_dim: L key rows read as vectors (widened, scaled) and transposed in registers, so
   // each store writes L keys; the rest element by element below.
@@ -249,34 +255,25 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
         for (int i = 0; i < L; ++i) vstore(dst + (e + i) * CT, r[i]);
       }
       for (int64_t e = e_whole; e < head_dim; ++e)
-        for (int i = 0; i < L; ++i) {
-          const S x = k[(j0 + i) * row_stride + e];
-          dst[e * CT + i] =
-              std::is_same_v<S, int8_t> ? widen<T>(x) * T(scale[j0 + i]) : widen<T>(x);
-        }
+        for (int i = 0; i < L; ++i) dst[e * CT + i] = elem(j0 + i, e);
     }
   }
   for (int64_t j = j0; j < ncols; ++j) {
     T* dst = kt + (j / CT) * head_dim * CT + (j % CT);
     if (j < n) {
-      const S* kr = k + j * row_stride;
-      if constexpr (std::is_same_v<S, T>) {
-        for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = kr[e];
-      } else {
+      int64_t e = 0;
+      if constexpr (!std::is_same_v<S, T>) {
         // A narrower key row is widened a whole vector at a time (one conversion
         // instruction where the ISA has one, not one per element), then scattered.
-        const T s = std::is_same_v<S, int8_t> ? T(scale[j]) : T(1);
-        int64_t e = 0;
         for (; e + L <= head_dim; e += L) {
-          V x = vload_wide<T>(kr + e);
-          if constexpr (std::is_same_v<S, int8_t>) x *= vbroadcast(s);
+          V x = vload_wide<T>(k + j * row_stride + e);
+          if constexpr (std::is_same_v<S, int8_t>) x *= vbroadcast(T(scale[j]));
           T lanes[L];
           vstore(lanes, x);
           for (int i = 0; i < L; ++i) dst[(e + i) * CT] = lanes[i];
         }
-        for (; e < head_dim; ++e)
-          dst[e * CT] = std::is_same_v<S, int8_t> ? widen<T>(kr[e]) * s : widen<T>(kr[e]);
       }
+      for (; e < head_dim; ++e) dst[e * CT] = elem(j, e);
     } else {
       for (int64_t e = 0; e < head_dim; ++e) dst[e * CT] = T(0);
     }

@@ -404,49 +404,26 @@ inline V vmax(V a, V b) {
   return a > b ? a : b;
 }
 
+// Rounds w, 2w, ... of reduce_add: lane i gets lane i plus lane i ^ w. The indices are
+// constants, so each round is one in-lane permute or 128-bit block swap and an add, in
+// registers.
+template <typename T, int W = 1>
+inline Vec<T> add_lane_pairs(Vec<T> x) {
+  if constexpr (W >= kLanes<T>) {
+    return x;
+  } else {
+    typename MaskOf<T>::type partner;
+    for (int i = 0; i < kLanes<T>; ++i) partner[i] = i ^ W;
+    return add_lane_pairs<T, 2 * W>(x + __builtin_shuffle(x, partner));
+  }
+}
+
 // Sum of the lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...), the
-// order reduce_lanes_of gives every lane it produces.
+// order reduce_lanes_of gives every lane it produces (lane 0 of add_lane_pairs).
 template <typename T>
 inline T reduce_add(Vec<T> x) {
-  constexpr int L = kLanes<T>;
-  static_assert(std::is_floating_point_v<T>, "the wide paths below are float or double");
-  // The wide ISAs: each round adds the vector to a copy with lane i + w moved to lane i
-  // (in-lane permutes, then 128-bit block swaps), in registers rather than through memory.
-#if defined(__AVX512F__)
-  if constexpr (sizeof(Vec<T>) == 64 && sizeof(T) == 4) {
-    __m512 y = (__m512)x;
-    y = _mm512_add_ps(y, _mm512_permute_ps(y, 0xB1));
-    y = _mm512_add_ps(y, _mm512_permute_ps(y, 0x4E));
-    y = _mm512_add_ps(y, _mm512_shuffle_f32x4(y, y, 0xB1));
-    y = _mm512_add_ps(y, _mm512_shuffle_f32x4(y, y, 0x4E));
-    return _mm512_cvtss_f32(y);
-  } else if constexpr (sizeof(Vec<T>) == 64) {
-    __m512d y = (__m512d)x;
-    y = _mm512_add_pd(y, _mm512_permute_pd(y, 0x55));
-    y = _mm512_add_pd(y, _mm512_shuffle_f64x2(y, y, 0xB1));
-    y = _mm512_add_pd(y, _mm512_shuffle_f64x2(y, y, 0x4E));
-    return _mm512_cvtsd_f64(y);
-  }
-#endif
-#if defined(__AVX__)
-  if constexpr (sizeof(Vec<T>) == 32 && sizeof(T) == 4) {
-    __m256 y = (__m256)x;
-    y = _mm256_add_ps(y, _mm256_permute_ps(y, 0xB1));
-    y = _mm256_add_ps(y, _mm256_permute_ps(y, 0x4E));
-    y = _mm256_add_ps(y, _mm256_permute2f128_ps(y, y, 0x01));
-    return _mm256_cvtss_f32(y);
-  } else if constexpr (sizeof(Vec<T>) == 32) {
-    __m256d y = (__m256d)x;
-    y = _mm256_add_pd(y, _mm256_permute_pd(y, 0x5));
-    y = _mm256_add_pd(y, _mm256_permute2f128_pd(y, y, 0x01));
-    return _mm256_cvtsd_f64(y);
-  }
-#endif
-  T t[L];
-  for (int i = 0; i < L; ++i) t[i] = x[i];
-  for (int w = 1; w < L; w *= 2)
-    for (int i = 0; i < L; i += 2 * w) t[i] = t[i] + t[i + w];
-  return t[0];
+  static_assert(std::is_floating_point_v<T>, "lanes of a float or double vector");
+  return add_lane_pairs<T>(x)[0];
 }
 
 // a[0..L) -> one vector whose lane i is reduce_add(a[i]): log2(L) rounds of adding the even
