@@ -117,6 +117,27 @@ inline Vec<T> vbroadcast(T x) {
   return x - Vec<T>{};
 }
 
+#if defined(__AVX512F__)
+// transpose_lanes' last step on 512-bit vectors: x[S * g + k] (S = kLanes / 4) holds, in its
+// 128-bit block l, the block-l elements (pairs of lanes done) of row group g; r[S * l + k]
+// gets block l of x[k], x[S + k], x[2S + k], x[3S + k], in that order (two rounds of
+// 128-bit block shuffles, whatever the lane width).
+template <typename T>
+inline void transpose_blocks_512(const __m512i* x, Vec<T>* r) {
+  constexpr int S = kLanes<T> / 4;
+  for (int k = 0; k < S; ++k) {
+    const __m512i a = _mm512_shuffle_i64x2(x[k], x[S + k], 0x88);
+    const __m512i b = _mm512_shuffle_i64x2(x[k], x[S + k], 0xDD);
+    const __m512i c = _mm512_shuffle_i64x2(x[2 * S + k], x[3 * S + k], 0x88);
+    const __m512i d = _mm512_shuffle_i64x2(x[2 * S + k], x[3 * S + k], 0xDD);
+    r[k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0x88);
+    r[2 * S + k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0xDD);
+    r[S + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0x88);
+    r[3 * S + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0xDD);
+  }
+}
+#endif
+
 // r[i] lane j <-> r[j] lane i for the kLanes<T> vectors r[0..kLanes): a square transpose in
 // registers where the ISA has the shuffles (pairs within 128-bit lanes, then 128-bit lanes
 // across vectors), through memory elsewhere.
@@ -137,16 +158,7 @@ inline void transpose_lanes(Vec<T>* r) {
       u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
       u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
-    for (int k = 0; k < 4; ++k) {
-      const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
-      const __m512i b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
-      const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
-      const __m512i d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
-      r[k] = (Vec<T>)_mm512_shuffle_i32x4(a, c, 0x88);
-      r[8 + k] = (Vec<T>)_mm512_shuffle_i32x4(a, c, 0xDD);
-      r[4 + k] = (Vec<T>)_mm512_shuffle_i32x4(b, d, 0x88);
-      r[12 + k] = (Vec<T>)_mm512_shuffle_i32x4(b, d, 0xDD);
-    }
+    transpose_blocks_512<T>(u, r);
     return;
   } else if constexpr (sizeof(Vec<T>) == 64) {
     __m512i t[8];  // t[2i + k], 128-bit lane l: element 2l + k of rows 2i, 2i + 1
@@ -154,16 +166,7 @@ inline void transpose_lanes(Vec<T>* r) {
       t[2 * i] = _mm512_unpacklo_epi64((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
       t[2 * i + 1] = _mm512_unpackhi_epi64((__m512i)r[2 * i], (__m512i)r[2 * i + 1]);
     }
-    for (int k = 0; k < 2; ++k) {
-      const __m512i a = _mm512_shuffle_i64x2(t[k], t[2 + k], 0x88);
-      const __m512i b = _mm512_shuffle_i64x2(t[k], t[2 + k], 0xDD);
-      const __m512i c = _mm512_shuffle_i64x2(t[4 + k], t[6 + k], 0x88);
-      const __m512i d = _mm512_shuffle_i64x2(t[4 + k], t[6 + k], 0xDD);
-      r[k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0x88);
-      r[4 + k] = (Vec<T>)_mm512_shuffle_i64x2(a, c, 0xDD);
-      r[2 + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0x88);
-      r[6 + k] = (Vec<T>)_mm512_shuffle_i64x2(b, d, 0xDD);
-    }
+    transpose_blocks_512<T>(t, r);
     return;
   }
 #endif
