@@ -14,6 +14,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -418,8 +419,10 @@ struct SdpaEngine {
       const bool empty = (m == -T(__builtin_inf()));
       if (row.sink) fold_sink(*row.sink, &m, &l, &alpha);
       const T inv = empty ? T(0) : alpha / l;  // alpha = 1 without a sink: 1 / l exactly
-      const T* a = sc.acc + r * Eva;
-      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(empty ? T(0) : a[c] * inv);
+      if (empty)
+        std::fill(row.out, row.out + Ev, narrow<S>(T(0)));
+      else
+        narrow_scaled(row.out, sc.acc + r * Eva, Ev, inv);
       if (row.lse) *row.lse = lse_of(m, l);
       if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }
@@ -466,11 +469,7 @@ struct SdpaEngine {
       }
       T alpha = T(1);  // the sink joins the merged sum, as in finish
       if (row.sink) fold_sink(*row.sink, &m, &l, &alpha);
-      if (!empty) {
-        const T inv = alpha / l;
-        for (int64_t c = 0; c < Ev; ++c) out[c] *= inv;
-      }
-      for (int64_t c = 0; c < Ev; ++c) row.out[c] = narrow<S>(out[c]);
+      narrow_scaled(row.out, out, Ev, empty ? T(1) : alpha / l);  // (empty: out is 0)
       if (row.lse) *row.lse = lse_of(m, l);
       if (row.weights) finish_weights(row.weights, p.len_k, m, l);
     }

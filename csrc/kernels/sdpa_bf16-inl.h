@@ -66,9 +66,11 @@ inline uint32_t bf16_pair(const BFloat16* x, int64_t e, int64_t len) {
 template <typename RowRefT>
 inline void pack_queries_bf16(const RowRefT* rows, int64_t nrows, int64_t tile_rows,
                               int64_t head_dim, uint32_t* q) {
-  const int64_t E2 = (head_dim + 1) / 2;
-  for (int64_t r = 0; r < nrows; ++r)
-    for (int64_t ep = 0; ep < E2; ++ep) q[r * E2 + ep] = bf16_pair(rows[r].q, 2 * ep, head_dim);
+  const int64_t E2 = (head_dim + 1) / 2, whole = head_dim / 2;
+  for (int64_t r = 0; r < nrows; ++r) {  // a row's whole pairs are its words (e low), as is
+    std::memcpy(q + r * E2, rows[r].q, size_t(whole) * sizeof(uint32_t));
+    if (whole < E2) q[r * E2 + whole] = bf16_pair(rows[r].q, 2 * whole, head_dim);
+  }
   std::memset(q + nrows * E2, 0, size_t((tile_rows - nrows) * E2) * sizeof(uint32_t));
 }
 

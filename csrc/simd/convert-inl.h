@@ -155,6 +155,47 @@ inline Vec<T> vload_wide(const S* p) {
   }
 }
 
+// dst[0, n) = narrow<S>(src[c] * scale) for each c: whole vectors at a time (the same
+// product, and narrow's bits: nearest even, NaN kept quiet), then the tail one by one.
+// Output rows are written this way; element by element it was about 4 % of a bfloat16
+// SDPA call (1x8 1024^2 E64).
+template <typename S, typename T>
+inline void narrow_scaled(S* dst, const T* src, int64_t n, T scale) {
+  constexpr int L = kLanes<T>;
+  int64_t c = 0;
+  if constexpr (std::is_same_v<S, T>) {
+    for (; c + L <= n; c += L) vstore(dst + c, vload(src + c) * scale);
+  } else if constexpr (std::is_same_v<S, BFloat16>) {
+    for (; c + L <= n; c += L) {
+      const Vec<float> x = vload(src + c) * scale;
+      Bits32x u;
+      __builtin_memcpy(&u, &x, sizeof u);
+      const Bits32x rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const Bits32x nan = (u >> 16) | 0x40u;
+      const Bits16x h =
+          __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded, Bits16x);
+      __builtin_memcpy(dst + c, &h, sizeof h);
+    }
+  } else {
+    static_assert(std::is_same_v<S, Half>, "only the 16-bit floats are written");
+#if defined(__AVX512F__)
+    if constexpr (sizeof(Vec<float>) == 64)
+      for (; c + L <= n; c += L)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                            _mm512_cvtps_ph((__m512)(vload(src + c) * scale),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+#if defined(__F16C__)
+    if constexpr (sizeof(Vec<float>) == 32)
+      for (; c + L <= n; c += L)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
+                         _mm256_cvtps_ph((__m256)(vload(src + c) * scale),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  }
+  for (; c < n; ++c) dst[c] = narrow<S>(src[c] * scale);
+}
+
 // The one switch from a float32 kernel entry to its instance for the arrays' storage
 // type (params.storage: float32 itself, float16 or bfloat16): returns run(S{}).
 template <typename Run>
