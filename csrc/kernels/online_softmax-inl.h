@@ -17,9 +17,11 @@ namespace FASTATTN_ISA_NS {
 constexpr double kLog2e = 1.4426950408889634074;
 
 // e^(s - m) on whole vectors and on one value (the same algorithm lane by lane).
-template <typename T, typename V>
+// kToBf16: the weights are rounded to bfloat16 (math-inl.h: exp2_approx_vec's shorter
+// polynomial).
+template <bool kToBf16 = false, typename T, typename V>
 inline V softmax_exp_vec(V s, T m) {
-  return exp2_approx_vec<T, true>((s - m) * T(kLog2e));  // s <= m: s - m <= 0 (or NaN)
+  return exp2_approx_vec<T, true, kToBf16>((s - m) * T(kLog2e));  // s - m <= 0 (or NaN)
 }
 template <typename T>
 inline T softmax_exp(T s, T m) {

@@ -249,7 +249,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     for (int64_t g = 0; g < nseg; ++g) {
       const int64_t a = sa(g), b = se(g, w);  // locals: vstore may alias seg_a/seg_b
       for (int64_t j = a; j < b; j += L) {
-        const V e = softmax_exp_vec(vload(s + j), m_new);
+        const V e = softmax_exp_vec<kDot>(vload(s + j), m_new);
         if constexpr (kDot) {
           if (p16)
             store_bf16(ph + j, e);

@@ -106,6 +106,50 @@ inline V exp_approx_vec(V x) {
   return x < lo ? zero : out;
 }
 
+// x < lo ? lo : x and x > hi ? hi : x, a NaN x kept: the x86 max/min instructions return
+// their second operand when either is NaN, so max(lo, x) / min(hi, x) are exactly these
+// selects in one instruction (GCC emits a compare and a blend for the selects).
+template <typename V>
+inline V max_keep_nan(V lo, V x) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4)
+    return (V)_mm512_max_ps((__m512)lo, (__m512)x);
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 8)
+    return (V)_mm512_max_pd((__m512d)lo, (__m512d)x);
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 4)
+    return (V)_mm256_max_ps((__m256)lo, (__m256)x);
+  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 8)
+    return (V)_mm256_max_pd((__m256d)lo, (__m256d)x);
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4) return (V)_mm_max_ps((__m128)lo, (__m128)x);
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8) return (V)_mm_max_pd((__m128d)lo, (__m128d)x);
+#endif
+  return x < lo ? lo : x;
+}
+template <typename V>
+inline V min_keep_nan(V hi, V x) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4)
+    return (V)_mm512_min_ps((__m512)hi, (__m512)x);
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 8)
+    return (V)_mm512_min_pd((__m512d)hi, (__m512d)x);
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 4)
+    return (V)_mm256_min_ps((__m256)hi, (__m256)x);
+  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 8)
+    return (V)_mm256_min_pd((__m256d)hi, (__m256d)x);
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4) return (V)_mm_min_ps((__m128)hi, (__m128)x);
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8) return (V)_mm_min_pd((__m128d)hi, (__m128d)x);
+#endif
+  return x > hi ? hi : x;
+}
+
 // 2^x for the softmax, whose scores carry log2(e) folded in: x = n + f, |f| <= 1/2.
 // float: a degree-6 polynomial interpolating 2^f at Chebyshev nodes (max relative error
 // 1.0e-7 evaluated in float, about 1 ulp); double: Taylor of e^(f ln2) to degree 13
@@ -125,10 +169,17 @@ struct Exp2Traits<double> {
   static constexpr double kMin = -1022.0, kMax = 1023.0;
 };
 
-template <typename T, typename V>
+template <typename T, bool kToBf16 = false, typename V>
 inline V exp2_poly(V f) {
   V poly;
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (kToBf16) {
+    static_assert(sizeof(T) == 4, "bfloat16 results are computed in float");
+    poly = V{} + T(0.009570068876633584);
+    poly = vfma(poly, f, V{} + T(0.05591780847534119));
+    poly = vfma(poly, f, V{} + T(0.24024745057296643));
+    poly = vfma(poly, f, V{} + T(0.6931218212643259));
+    poly = vfma(poly, f, V{} + T(0.9999992615692183));
+  } else if constexpr (sizeof(T) == 4) {
     poly = V{} + T(0.00015461444683652947);
     poly = vfma(poly, f, V{} + T(0.0013400428178361574));
     poly = vfma(poly, f, V{} + T(0.00961805667859009));
@@ -144,7 +195,11 @@ inline V exp2_poly(V f) {
 
 // kNonPositive: the caller guarantees x <= 0 or NaN (a softmax's s - max), so the upper
 // clamp, which only acts above kMax, is left out; the results are the same.
-template <typename T, bool kNonPositive = false, typename V>
+// kToBf16: the caller rounds the result to bfloat16 (P for vdpbf16ps), whose rounding
+// error is up to 2^-9 relative: a degree-4 polynomial (minimax relative error 2.7e-6
+// evaluated in float, 1/700 of that rounding) replaces the degree-6 one, two fused
+// multiply-adds fewer per lane.
+template <typename T, bool kNonPositive = false, bool kToBf16 = false, typename V>
 inline V exp2_approx_vec(V x) {
   using Tr = Exp2Traits<T>;
   typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
@@ -154,8 +209,8 @@ inline V exp2_approx_vec(V x) {
   // below). A NaN passes the
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
-  V xc = x < lo ? lo : x;
-  if constexpr (!kNonPositive) xc = xc > hi ? hi : xc;
+  V xc = max_keep_nan(lo, x);
+  if constexpr (!kNonPositive) xc = min_keep_nan(hi, xc);
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
     // The same n, polynomial and product in three fewer instructions: n rounded by one,
@@ -165,19 +220,19 @@ inline V exp2_approx_vec(V x) {
     constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     if constexpr (sizeof(T) == 4) {
       const __m512 n = _mm512_roundscale_ps((__m512)xc, kNearest);
-      const V poly = exp2_poly<T>(xc - (V)n);
+      const V poly = exp2_poly<T, kToBf16>(xc - (V)n);
       const __mmask16 keep = _mm512_cmp_ps_mask(n, (__m512)lo, _CMP_NEQ_UQ);
       return (V)_mm512_maskz_scalef_ps(keep, (__m512)poly, n);
     } else {
       const __m512d n = _mm512_roundscale_pd((__m512d)xc, kNearest);
-      const V poly = exp2_poly<T>(xc - (V)n);
+      const V poly = exp2_poly<T, kToBf16>(xc - (V)n);
       const __mmask8 keep = _mm512_cmp_pd_mask(n, (__m512d)lo, _CMP_NEQ_UQ);
       return (V)_mm512_maskz_scalef_pd(keep, (__m512d)poly, n);
     }
   }
 #endif
   const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
-  const V poly = exp2_poly<T>(xc - n);
+  const V poly = exp2_poly<T, kToBf16>(xc - n);
   // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
   const UBitsV e = ((UBitsV) __builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
                    << ExpTraits<T>::kMantissa;
