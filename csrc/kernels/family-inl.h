@@ -17,6 +17,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -392,7 +393,10 @@ struct OnlineSoftmax {
       if (row.sink) fold_sink(*row.sink, &m[r], &l[r], &alpha);
       const T inv = is_empty ? T(0) : alpha / l[r];  // alpha = 1 without a sink: 1 / l exactly
       const T* a = acc + r * p.dim_v;
-      for (int64_t c = 0; c < p.dim_v; ++c) o[c] = narrow<S>(is_empty ? empty : a[c] * inv);
+      if (is_empty)
+        std::fill(o, o + p.dim_v, narrow<S>(empty));
+      else
+        narrow_scaled(o, a, p.dim_v, inv);
       // A NaN row (a NaN or +inf score, a NaN sink, or a NaN `empty`) has NaN weights
       // throughout, as the other kernels and the reference give them.
       const bool nan_row = m[r] != m[r] || l[r] != l[r] || (is_empty && empty != empty);

@@ -8,6 +8,8 @@
 // One bandwidth h per batch entry (a float64 array broadcast over the batch).
 #pragma once  // per translation unit
 
+#include <algorithm>
+
 #include "kernels/family-inl.h"
 
 namespace fastattn {
@@ -186,8 +188,10 @@ struct KernelSum {
       const bool undefined = !(l[r] > T(0));
       const T inv = undefined ? quiet_nan<T>() : T(1) / l[r];
       const T* a = acc + r * p.dim_v;
-      for (int64_t c = 0; c < p.dim_v; ++c)
-        o[c] = narrow<S>(undefined ? quiet_nan<T>() : a[c] * inv);
+      if (undefined)
+        std::fill(o, o + p.dim_v, narrow<S>(quiet_nan<T>()));
+      else
+        narrow_scaled(o, a, p.dim_v, inv);
       if (row.weights) {
         T* w = row.weights;
         for (int64_t j = row.lo; j < row.hi; ++j) w[j] = undefined ? quiet_nan<T>() : w[j] * inv;
