@@ -106,48 +106,35 @@ inline V exp_approx_vec(V x) {
   return x < lo ? zero : out;
 }
 
-// x < lo ? lo : x and x > hi ? hi : x, a NaN x kept: the x86 max/min instructions return
-// their second operand when either is NaN, so max(lo, x) / min(hi, x) are exactly these
-// selects in one instruction (GCC emits a compare and a blend for the selects).
-template <typename V>
-inline V max_keep_nan(V lo, V x) {
+// kMax: x < b ? b : x, else x > b ? b : x; a NaN x kept. The x86 max/min instructions
+// return their second operand when either is NaN, so max(b, x) / min(b, x) are exactly
+// these selects in one instruction (GCC emits a compare and a blend for the selects).
+template <bool kMax, typename V>
+inline V bound_keep_nan(V b, V x) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4)
-    return (V)_mm512_max_ps((__m512)lo, (__m512)x);
+    return (V)(kMax ? _mm512_max_ps((__m512)b, (__m512)x) : _mm512_min_ps((__m512)b, (__m512)x));
   if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 8)
-    return (V)_mm512_max_pd((__m512d)lo, (__m512d)x);
+    return (V)(kMax ? _mm512_max_pd((__m512d)b, (__m512d)x)
+                    : _mm512_min_pd((__m512d)b, (__m512d)x));
 #endif
 #if defined(__AVX__)
   if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 4)
-    return (V)_mm256_max_ps((__m256)lo, (__m256)x);
+    return (V)(kMax ? _mm256_max_ps((__m256)b, (__m256)x) : _mm256_min_ps((__m256)b, (__m256)x));
   if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 8)
-    return (V)_mm256_max_pd((__m256d)lo, (__m256d)x);
+    return (V)(kMax ? _mm256_max_pd((__m256d)b, (__m256d)x)
+                    : _mm256_min_pd((__m256d)b, (__m256d)x));
 #endif
 #if defined(__SSE2__)
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4) return (V)_mm_max_ps((__m128)lo, (__m128)x);
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8) return (V)_mm_max_pd((__m128d)lo, (__m128d)x);
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4)
+    return (V)(kMax ? _mm_max_ps((__m128)b, (__m128)x) : _mm_min_ps((__m128)b, (__m128)x));
+  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8)
+    return (V)(kMax ? _mm_max_pd((__m128d)b, (__m128d)x) : _mm_min_pd((__m128d)b, (__m128d)x));
 #endif
-  return x < lo ? lo : x;
-}
-template <typename V>
-inline V min_keep_nan(V hi, V x) {
-#if defined(__AVX512F__)
-  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4)
-    return (V)_mm512_min_ps((__m512)hi, (__m512)x);
-  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 8)
-    return (V)_mm512_min_pd((__m512d)hi, (__m512d)x);
-#endif
-#if defined(__AVX__)
-  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 4)
-    return (V)_mm256_min_ps((__m256)hi, (__m256)x);
-  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 8)
-    return (V)_mm256_min_pd((__m256d)hi, (__m256d)x);
-#endif
-#if defined(__SSE2__)
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4) return (V)_mm_min_ps((__m128)hi, (__m128)x);
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8) return (V)_mm_min_pd((__m128d)hi, (__m128d)x);
-#endif
-  return x > hi ? hi : x;
+  if constexpr (kMax)
+    return x < b ? b : x;
+  else
+    return x > b ? b : x;
 }
 
 // 2^x for the softmax, whose scores carry log2(e) folded in: x = n + f, |f| <= 1/2.
@@ -209,8 +196,8 @@ inline V exp2_approx_vec(V x) {
   // below). A NaN passes the
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
-  V xc = max_keep_nan(lo, x);
-  if constexpr (!kNonPositive) xc = min_keep_nan(hi, xc);
+  V xc = bound_keep_nan<true>(lo, x);
+  if constexpr (!kNonPositive) xc = bound_keep_nan<false>(hi, xc);
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
     // The same n, polynomial and product in three fewer instructions: n rounded by one,
