@@ -152,7 +152,6 @@ inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, i
   return bad == 0;
 }
 
-
 // acc + the pair products of x with the pair word *w broadcast to every lane, the broadcast
 // folded into vdpbf16ps's memory operand ({1to16}). Through _mm512_set1_epi32, GCC loads
 // each row's word into a register with a vpbroadcastd of its own, which took 14 % of a
