@@ -272,7 +272,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   if (kThin) {  // straight from the value rows, each read once for the rows (decode-inl.h)
     for (int64_t g = 0; g < nseg; ++g)
       pv_group(sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), vb + sa(g) * p.v.row_stride,
-               p.v.row_stride, Ev, acc, Eva, vsb ? vsb + sa(g) : nullptr, false);
+               p.v.row_stride, Ev, acc, Eva, vsb ? vsb + sa(g) : nullptr, prefetch);
     return;
   }
   // The probabilities of a tile's rows are written up to its width (zeros past each row's
