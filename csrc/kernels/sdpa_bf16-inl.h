@@ -183,9 +183,8 @@ inline void scores_tile_bf16_cols(const uint32_t* q, int64_t E2, const uint32_t*
     for (int u = 0; u < NV; ++u) {
       const __m512 x = _mm512_mul_ps(acc[rr][u], scale);
       _mm512_storeu_ps(s + rr * s_ld + u * 16, x);
-      // vm = x > vm ? x : vm (a NaN x leaves vm), as the softmax's max pass compares: one
-      // max, which returns its second operand when either is NaN (vm never is).
-      if (vm) vm[rr] = _mm512_max_ps(x, vm[rr]);
+      // vm = x > vm ? x : vm (a NaN x leaves vm), as the softmax's max pass compares.
+      if (vm) vm[rr] = (__m512)vmax((Vec<float>)x, (Vec<float>)vm[rr]);
     }
 }
 

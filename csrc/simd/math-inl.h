@@ -106,37 +106,6 @@ inline V exp_approx_vec(V x) {
   return x < lo ? zero : out;
 }
 
-// kMax: x < b ? b : x, else x > b ? b : x; a NaN x kept. The x86 max/min instructions
-// return their second operand when either is NaN, so max(b, x) / min(b, x) are exactly
-// these selects in one instruction (GCC emits a compare and a blend for the selects).
-template <bool kMax, typename V>
-inline V bound_keep_nan(V b, V x) {
-#if defined(__AVX512F__)
-  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4)
-    return (V)(kMax ? _mm512_max_ps((__m512)b, (__m512)x) : _mm512_min_ps((__m512)b, (__m512)x));
-  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 8)
-    return (V)(kMax ? _mm512_max_pd((__m512d)b, (__m512d)x)
-                    : _mm512_min_pd((__m512d)b, (__m512d)x));
-#endif
-#if defined(__AVX__)
-  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 4)
-    return (V)(kMax ? _mm256_max_ps((__m256)b, (__m256)x) : _mm256_min_ps((__m256)b, (__m256)x));
-  if constexpr (sizeof(V) == 32 && sizeof(x[0]) == 8)
-    return (V)(kMax ? _mm256_max_pd((__m256d)b, (__m256d)x)
-                    : _mm256_min_pd((__m256d)b, (__m256d)x));
-#endif
-#if defined(__SSE2__)
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 4)
-    return (V)(kMax ? _mm_max_ps((__m128)b, (__m128)x) : _mm_min_ps((__m128)b, (__m128)x));
-  if constexpr (sizeof(V) == 16 && sizeof(x[0]) == 8)
-    return (V)(kMax ? _mm_max_pd((__m128d)b, (__m128d)x) : _mm_min_pd((__m128d)b, (__m128d)x));
-#endif
-  if constexpr (kMax)
-    return x < b ? b : x;
-  else
-    return x > b ? b : x;
-}
-
 // 2^x for the softmax, whose scores carry log2(e) folded in: x = n + f, |f| <= 1/2.
 // float: a degree-6 polynomial interpolating 2^f at Chebyshev nodes (max relative error
 // 1.0e-7 evaluated in float, about 1 ulp); double: Taylor of e^(f ln2) to degree 13
@@ -196,8 +165,8 @@ inline V exp2_approx_vec(V x) {
   // below). A NaN passes the
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
-  V xc = bound_keep_nan<true>(lo, x);
-  if constexpr (!kNonPositive) xc = bound_keep_nan<false>(hi, xc);
+  V xc = vmax(lo, x);  // x < lo ? lo : x (a NaN x kept: vmax gives its second operand)
+  if constexpr (!kNonPositive) xc = vmin(hi, xc);
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
     // The same n, polynomial and product in three fewer instructions: n rounded by one,
