@@ -1,7 +1,7 @@
 """pytest-benchmark suite: fastattn vs the NumPy formula (and torch CPU SDPA, ONNX Runtime and
 OpenVINO if installed).
 
-Run: python -m pytest bench   (see README). Every benchmark also checks its answer.
+Run: python -m pytest bench   (see docs/development.md). Every benchmark also checks its answer.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ with ``sinks``, with ``alibi_slopes`` and with both, so the summary's same-run r
 the options' cost. Every row checks its answer against the float64 twin on the first
 query head (the whole reference would dominate the run).
 
-Run: python -m pytest bench/test_bench_sinks_alibi.py   (see README).
+Run: python -m pytest bench/test_bench_sinks_alibi.py   (see docs/development.md).
 """
 
 from __future__ import annotations

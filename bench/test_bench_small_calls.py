@@ -3,8 +3,8 @@ formula and torch CPU SDPA (if installed): one decode step ``(1, 8, 1, 64)`` aga
 cache of Lk keys, and a single ``(1, 1, 1, 64)`` head against 16 keys. At these sizes the
 time is argument handling and thread start-up, not arithmetic.
 
-Run: python -m pytest bench/test_bench_small_calls.py (see README). Every benchmark also
-checks its answer. torch runs in inference mode entered outside the timed call.
+Run: python -m pytest bench/test_bench_small_calls.py (see docs/development.md). Every
+benchmark also checks its answer. torch runs in inference mode entered outside the timed call.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """pytest-benchmark: varlen_attention on skewed packed batches against the per-sequence loop
 and against padding to the longest sequence with valid_lens (fastattn.bench._varlen).
 
-Run: python -m pytest bench/test_bench_varlen.py   (see README). Every benchmark also checks
-its answer against varlen_attention's (bit-identical for the loop, within rounding for the
-padded batch).
+Run: python -m pytest bench/test_bench_varlen.py   (see docs/development.md). Every benchmark
+also checks its answer against varlen_attention's (bit-identical for the loop, within rounding
+for the padded batch).
 """
 
 from __future__ import annotations

@@ -50,7 +50,14 @@ numpydoc_show_class_members = False  # the API page lists the members it documen
 numpydoc_xref_param_type = False
 numpydoc_validation_checks: set[str] = set()
 
-myst_enable_extensions = ["dollarmath"]
+myst_enable_extensions = ["dollarmath", "substitution"]
+# Facts the pages state from the code, not by hand: {{ isas_compiled }} in Markdown.
+_isas = [f"`{name}`" for name in fastattn._core.compiled_isas()]
+myst_substitutions = {
+    "isas_compiled": "the instruction sets " + ", ".join(_isas[:-1]) + " and " + _isas[-1]
+    if len(_isas) > 1
+    else "the instruction set " + _isas[0],
+}
 myst_heading_anchors = 3
 
 doctest_global_setup = "import numpy as np\nimport fastattn"
@@ -86,8 +93,14 @@ html_sidebars = {
         "benchmarks",
         "bench/report",
         "cuda",
+        "dask",
+        "capi",
+        "reliability",
+        "development",
         "api",
     ]
 }
+html_static_path = ["_static"]
+html_css_files = ["fastattn.css"]  # code blocks wrap rather than hide their ends
 html_show_sourcelink = False
 html_last_updated_fmt = None

@@ -17,7 +17,7 @@ except ImportError as _exc:
         f"fastattn's compiled module is not in {__path__[0]}: this is the source tree (Python "
         "looks in the current directory first), not the installed package. Run from another "
         "directory, use the console script (fastattn-bench), or install in editable mode "
-        "(README, Development)."
+        "(docs/development.md)."
     ) from _exc
 from fastattn import reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._block_mask import BlockMask, block_mask

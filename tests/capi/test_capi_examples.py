@@ -1,5 +1,6 @@
-"""The README's C API examples run as written: the Cython one compiled and called against
-the Python API, the Numba one executed (when Numba is installed; a plain install lacks it)."""
+"""The C API page's examples (docs/capi.md) run as written: the Cython one compiled and called
+against the Python API, the Numba one executed (when Numba is installed; a plain install lacks
+it)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,19 @@ import fastattn
 from helpers import REPO
 from helpers.capi_build import build_cython_module
 
-README = (REPO / "README.md").read_text()
+PAGE = (REPO / "docs" / "capi.md").read_text()
 
 
 def _block(after: str, language: str) -> str:
     """The first fenced block in `language` after the text `after`."""
-    start = README.index(after)
-    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(README, start)
+    start = PAGE.index(after)
+    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(PAGE, start)
     return match.group(1)
 
 
 def test_cython_example(tmp_path):
     pytest.importorskip("Cython")
-    module = build_cython_module(
-        "readme_decode", _block("## From C, Cython and Numba", "cython"), tmp_path
-    )
+    module = build_cython_module("readme_decode", _block("**Cython**", "cython"), tmp_path)
     rng = np.random.default_rng(0)
     batch, heads, dim, steps = 3, 2, 64, 10
     k_cache = rng.standard_normal((batch, heads, steps, dim), dtype=np.float32)
@@ -47,7 +46,7 @@ def test_cython_example(tmp_path):
 def test_numba_example():
     pytest.importorskip("numba")
     namespace: dict = {}
-    exec(compile(_block("the C API's Numba example", "python"), "README.md", "exec"), namespace)
+    exec(compile(_block("the C API's Numba example", "python"), "docs/capi.md", "exec"), namespace)
     q0 = np.random.default_rng(0).standard_normal((1, 1, 1, 64), dtype=np.float32)
     expected = q0
     for t in range(namespace["steps"]):
