@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastattn import _core, _threads
-from fastattn._validation import _MAX_BATCH_DIMS
+from fastattn._checks import _MAX_BATCH_DIMS
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray

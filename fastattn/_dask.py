@@ -1,8 +1,10 @@
 """The Dask path: fastattn's functions on Dask arrays, as lazy graphs.
 
 Reached from :mod:`fastattn._dispatch` only when the caller passed a Dask array, so Dask is
-imported only then. Each block of the graph calls fastattn again on its chunks (NumPy
-chunks run on the CPU kernels with the threads described in :func:`task_threads`).
+imported only then; the public functions hand their call on as it was made. Each block of
+the graph calls a backend directly on its chunks, never the public functions: NumPy chunks
+the CPU backend (:mod:`fastattn._cpu`, with the threads described in
+:func:`task_threads`), CuPy chunks the CUDA backend.
 
 How the graph is cut (docs/semantics.md, "Dask arrays"):
 
@@ -37,14 +39,16 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from fastattn import _threads
+from fastattn import _cpu, _cuda, _threads
+from fastattn._checks import check_flag, check_valid_lens
 from fastattn._cuda import standin
-from fastattn._dispatch import is_dask
+from fastattn._layer_checks import check_unbatched_mask, head_valid_lens, layer_inputs
 from fastattn._validation import (
-    check_flag,
-    check_valid_lens,
+    additive_args,
+    attention_spec,
     masked_softmax_args,
     merge_states_args,
+    regression_args,
     sdpa_args,
 )
 
@@ -82,6 +86,10 @@ def task_threads(num_threads: int | None) -> int:
 
 # --------------------------------------------------------------------------------------
 # Arguments
+
+
+def is_dask(a: object) -> bool:
+    return isinstance(a, da.Array)
 
 
 def _require_dask(named: dict) -> None:
@@ -221,8 +229,6 @@ def _constrained(q, k, mask, diag: int, causal: bool, window: tuple):
 
 def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     """``(out, lse)`` of one (query chunk, key chunk) block in the compute dtype."""
-    from fastattn import _sdpa
-
     threads = task_threads(opts["num_threads"])
     if lens is not None:
         lens = np.asarray(lens)
@@ -231,17 +237,17 @@ def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     if opts["compute_dtype"] != q.dtype:
         q = q.astype(opts["compute_dtype"])  # float16: partial results kept in float32
     window = opts["window"]
-    if isinstance(q, np.ndarray):
+    if not _cuda.uses_gpu(q):
         args = sdpa_args(
             q, k, v, mask, lens, opts["is_causal"], "top_left", None, opts["scale"], opts["softcap"]
         )
         args.diag_offset = diag  # the block's absolute offset
         args.window = window
         args.is_causal = opts["is_causal"]
-        return _sdpa.compute(args, None, True, opts["weights_out"], threads)
-    # Other chunk types (CuPy): the offset constraint as a mask, through the public call.
+        return _cpu.sdpa(args, None, True, opts["weights_out"], threads)
+    # CuPy chunks: the offset constraint as a mask, for the CUDA backend.
     mask = _constrained(q, k, mask, diag, opts["is_causal"], window)
-    return _sdpa.scaled_dot_product_attention(
+    return _cuda.scaled_dot_product_attention(
         q,
         k,
         v,
@@ -269,13 +275,9 @@ def _zeros(shape: tuple, dtype):
 
 
 def _merge_parts(parts: list, num_threads: int | None):
-    from fastattn import _sdpa
-
     if len(parts) == 1:
         return parts[0]
-    return _sdpa.merge_attention_states(
-        [p[0] for p in parts], [p[1] for p in parts], num_threads=task_threads(num_threads)
-    )
+    return _merge_block([p[0] for p in parts], [p[1] for p in parts], num_threads)
 
 
 def _empty_state(out_shape: tuple, dtype):
@@ -530,9 +532,9 @@ def _caller_shape(a, shape: tuple):
 
 
 def _merge_block(outputs: list, lses: list, num_threads: int | None):
-    from fastattn import _sdpa
-
-    return _sdpa.merge_attention_states(outputs, lses, num_threads=task_threads(num_threads))
+    """merge_attention_states of NumPy blocks, on the CPU backend."""
+    args = merge_states_args(outputs, lses)
+    return _cpu.merge_attention_states(args, None, task_threads(num_threads))
 
 
 @_portable
@@ -593,13 +595,12 @@ def _arrays(parts_name: str, parts: dict, deps: list, results: list) -> tuple:
 
 
 def _softmax_block(x, lens, mask, axis: int, num_threads: int | None):
-    from fastattn import _family
-
+    threads = task_threads(num_threads)
     if lens is not None:
         lens = np.squeeze(np.asarray(lens), axis=axis)  # back to the rows' shape
-    return _family.masked_softmax(
-        x, lens, mask=mask, axis=axis, num_threads=task_threads(num_threads)
-    )
+    if _cuda.uses_gpu(x):
+        return _cuda.masked_softmax(x, lens, mask=mask, axis=axis, num_threads=threads)
+    return _cpu.masked_softmax(masked_softmax_args(x, lens, mask, axis, None), None, threads)
 
 
 @_portable
@@ -654,17 +655,32 @@ def _family_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     window as a boolean mask at the block's offset (their one-parameter form in the
     public call cannot express it)."""
     mask = _constrained(q, k, mask, diag, opts["is_causal"], opts["window"])
-    return opts["fn"](
+    return opts["block"](q, k, v, mask, lens, opts, task_threads(opts["num_threads"]))
+
+
+def _additive_block(q, k, v, mask, lens, opts: dict, threads: int):
+    w_q, w_k, w_v = opts["params"]
+    if _cuda.uses_gpu(q):
+        return _cuda.additive_attention(
+            q, k, v, w_q, w_k, w_v, mask, valid_lens=lens, return_weights=opts["weights_out"]
+        )
+    args, ws = additive_args(q, k, v, w_q, w_k, w_v, mask, lens, False, "top_left", None)
+    return _cpu.additive(args, ws, "softmax", None, opts["weights_out"], None, threads)
+
+
+def _attention_block(q, k, v, mask, lens, opts: dict, threads: int):
+    spec = attention_spec(
         q,
         k,
         v,
-        *opts["params"],
         mask,
         valid_lens=lens,
-        return_weights=opts["weights_out"],
-        num_threads=task_threads(opts["num_threads"]),
+        is_causal=False,
+        causal_alignment="top_left",
+        window=None,
         **opts["kwargs"],
     )
+    return _cpu.attention(spec, opts["weights_out"], None, threads)
 
 
 def _host_params(named: dict) -> None:
@@ -678,7 +694,7 @@ def _host_params(named: dict) -> None:
 
 def _family_graph(
     label,
-    fn,
+    block,
     query,
     key,
     value,
@@ -693,7 +709,7 @@ def _family_graph(
     """``out``, or ``(out, weights)`` when ``return_weights``."""
     want_weights = check_flag(return_weights, "return_weights")
     opts = {
-        "fn": fn,
+        "block": block,
         "params": params,
         "weights_out": want_weights,
         "kwargs": kwargs,
@@ -727,9 +743,6 @@ def additive_attention(
     out=None,
     num_threads=None,
 ):
-    from fastattn import _family
-    from fastattn._validation import additive_args
-
     _require_dask({"query": query, "key": key, "value": value})
     _host_params({"w_q": w_q, "w_k": w_k, "w_v": w_v})
     _no_out(out)
@@ -748,7 +761,7 @@ def additive_attention(
     )
     return _family_graph(
         "additive",
-        _family.additive_attention,
+        _additive_block,
         query,
         key,
         value,
@@ -776,11 +789,13 @@ def attention(
     return_weights=False,
     out=None,
     num_threads=None,
+    sinks=None,
     **kwargs,
 ):
-    from fastattn import _family
-    from fastattn._validation import attention_spec
-
+    if sinks is not None:
+        raise NotImplementedError(
+            "sinks is not supported on Dask arrays (the Dask path has no sinks): pass NumPy arrays"
+        )
     _require_dask({"query": query, "key": key, "value": value})
     _host_params({n: kwargs[n] for n in ("weight", "w_q", "w_k", "w_v")})
     _no_out(out)
@@ -797,7 +812,7 @@ def attention(
     )
     return _family_graph(
         "attention",
-        _family.attention,
+        _attention_block,
         query,
         key,
         value,
@@ -816,9 +831,8 @@ def attention(
 
 
 def _regression_block(xq, xk, y, kwargs: dict, num_threads):
-    from fastattn import _family
-
-    return _family.nadaraya_watson(xq, xk, y, num_threads=task_threads(num_threads), **kwargs)
+    ra = regression_args(xq, xk, y, kwargs["kernel"], kwargs["bandwidth"])
+    return _cpu.nadaraya_watson(ra, False, None, task_threads(num_threads))
 
 
 @_portable
@@ -833,8 +847,6 @@ def nadaraya_watson(
     out=None,
     num_threads=None,
 ):
-    from fastattn._validation import regression_args
-
     _require_dask({"x_query": x_query, "x_keys": x_keys, "y_values": y_values})
     _host_params({"bandwidth": bandwidth})
     _no_out(out)
@@ -937,8 +949,6 @@ def multihead_attention(
     """``layer(query, key, value, ...)`` on Dask arrays: the projections row-block by
     row-block, the attention by :func:`scaled_dot_product_attention`'s graph (keys may be
     chunked). No KV cache, no weights."""
-    from fastattn._validation import check_unbatched_mask, head_valid_lens, layer_inputs
-
     key = query if key is None else key
     value = key if value is None else value
     _require_dask({"query": query, "key": key, "value": value})

@@ -1,7 +1,7 @@
 """The one place that picks a backend from the array arguments of a public function.
 
 NumPy (and anything else array-like) -> the CPU kernels; CuPy -> :mod:`fastattn._cuda`;
-Dask -> :mod:`fastattn._dask` (a lazy graph whose blocks call fastattn again). Neither CuPy
+Dask -> :mod:`fastattn._dask` (a lazy graph whose blocks call the CPU or CUDA backend). Neither CuPy
 nor Dask is imported here: an array of their types can only exist once the caller has
 imported them, so a NumPy call pays two ``sys.modules`` look-ups.
 """
@@ -50,3 +50,23 @@ def backend(*arrays: object) -> str | None:
     if _cuda.uses_gpu(*flat):
         return "cupy"
     return None
+
+
+def engine(kind: str):
+    """The backend module of ``kind`` (:func:`backend`'s answer): :mod:`fastattn._dask`
+    (imported only now: it imports Dask) or :mod:`fastattn._cuda`."""
+    if kind == "dask":
+        from fastattn import _dask
+
+        return _dask
+    return _cuda
+
+
+def forwarded(fn, scope: dict) -> dict:
+    """The call of ``fn`` as it was made, by parameter name: the values of ``fn``'s
+    parameters in ``scope`` (``locals()`` inside ``fn``), to hand on to a backend whole
+    instead of listing every parameter again."""
+    code = fn.__code__
+    return {
+        name: scope[name] for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    }

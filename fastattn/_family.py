@@ -1,12 +1,9 @@
 """The attention family: masked softmax, additive attention, the general
 ``Normalize(F(q, K)) V`` form, and Nadaraya-Watson kernel regression.
 
-Each function checks its arguments with :mod:`fastattn._validation` (as do the NumPy twins
-in :mod:`fastattn.reference`), prepares and finishes with :mod:`fastattn._prepare`, and
-computes in :mod:`fastattn._core` with the GIL released. The dot-product scores (dot,
-scaled_dot, general, cosine, gaussian) run in the SDPA kernel, like
-:func:`fastattn.scaled_dot_product_attention`, once :mod:`fastattn._compute` has rewritten
-them as dot products.
+Each function picks its backend once (:mod:`fastattn._dispatch`): Dask and CuPy calls are
+handed on as they were made; a NumPy call is checked with :mod:`fastattn._validation` (as
+are the NumPy twins in :mod:`fastattn.reference`) and computed by :mod:`fastattn._cpu`.
 """
 
 from __future__ import annotations
@@ -15,34 +12,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fastattn import _core, _cuda, _dispatch, _threads
-from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
-from fastattn._dtypes import is_bfloat16
-from fastattn._prepare import (
-    attention_buffers,
-    attention_masks,
-    attention_result,
-    contiguous,
-    extra,
-    finish,
-    head_values,
-    item_aligned,
-    kernel_ready,
-    pack,
-    result_buffer,
-    sdpa_storage_dtype,
-    shared_options,
-    softmax_masks,
-    storage_dtype,
-    to_batch,
-    weights_dtype,
-)
+from fastattn import _cpu, _dispatch, _threads
+from fastattn._checks import check_flag, check_out
 from fastattn._validation import (
-    KERNELS,
     additive_args,
     attention_spec,
-    check_flag,
-    check_out,
     masked_softmax_args,
     regression_args,
     set_family_sinks,
@@ -103,82 +77,16 @@ def masked_softmax(
     array([0.5, 0. , 0.5, 0. ], dtype=float32)
     """
     kind = _dispatch.backend(x, valid_lens, mask, out)
-    if kind == "dask":  # a lazy graph whose blocks come back here
-        from fastattn import _dask
-
-        return _dask.masked_softmax(
-            x, valid_lens, mask=mask, axis=axis, out=out, num_threads=num_threads
-        )
-    if kind == "cupy":  # CuPy arrays: computed on the GPU
-        return _cuda.masked_softmax(
-            x, valid_lens, mask=mask, axis=axis, out=out, num_threads=num_threads
+    if kind is not None:  # Dask: a lazy graph; CuPy: computed on the GPU
+        return _dispatch.engine(kind).masked_softmax(
+            **_dispatch.forwarded(masked_softmax, locals())
         )
     args = masked_softmax_args(x, valid_lens, mask, axis, out)
-    threads = _threads.resolve(num_threads)
-
-    # float16/bfloat16 go to the kernel as they are (it widens them row by row).
-    dtype = storage_dtype(args.x.dtype, args.compute_dtype)
-    ax = args.axis
-    xk = item_aligned(args.x, dtype)
-    keep, lens = softmax_masks(args)
-    result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
-
-    _core.masked_softmax(
-        x=np.moveaxis(xk, ax, -1),
-        out=np.moveaxis(result, ax, -1),
-        mask=None if keep is None else np.moveaxis(keep, ax, -1),
-        valid_lens=lens,
-        num_threads=threads,
-    )
-
-    return finish(result, args.x.shape, args.result_dtype, out, in_place)
+    return _cpu.masked_softmax(args, out, _threads.resolve(num_threads))
 
 
 # --------------------------------------------------------------------------------------
 # Attention
-
-
-def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, int, bool]:
-    """(kernel normaliser: 0 softmax / 1 select, top_k, hardmax). top-k keeping every key is
-    the softmax."""
-    if normalize == "softmax" or (normalize == "topk" and top_k >= num_keys):
-        return 0, 1, False
-    if normalize == "hardmax":
-        return 1, 1, True
-    return 1, top_k, False
-
-
-def _additive(args, weights_in, normalize, top_k, want_weights, out, threads):
-    """Prepare, run the additive kernel, finish: additive_attention and
-    attention(score="additive")."""
-    # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
-    # the projection weights are in the compute dtype.
-    dtype, batch = args.compute_dtype, args.batch
-    storage = sdpa_storage_dtype(args)
-    q = to_batch(kernel_ready(args.query, storage), batch)
-    k = to_batch(kernel_ready(args.key, storage), batch)
-    v = to_batch(kernel_ready(args.value, storage), batch)
-    wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
-    result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
-    normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
-
-    _core.additive(
-        query=q,
-        key=k,
-        value=v,
-        out=result,
-        weights=weights,
-        sinks=head_values(args)[0],
-        w_q=wq,
-        w_k=wk,
-        w_v=wv,
-        normalizer=normalizer,
-        top_k=k_keep,
-        hardmax=hardmax,
-        **shared_options(args, threads),
-    )
-
-    return attention_result(args, out, result, in_place, None, weights)
 
 
 def additive_attention(
@@ -251,41 +159,9 @@ def additive_attention(
     ((2, 5, 4), (2, 5, 7), True, True)
     """
     kind = _dispatch.backend(query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, out)
-    if kind == "dask":  # a lazy graph whose blocks come back here
-        from fastattn import _dask
-
-        return _dask.additive_attention(
-            query,
-            key,
-            value,
-            w_q,
-            w_k,
-            w_v,
-            attn_mask,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
-        )
-    if kind == "cupy":
-        return _cuda.additive_attention(  # CuPy arrays: computed on the GPU
-            query,
-            key,
-            value,
-            w_q,
-            w_k,
-            w_v,
-            attn_mask,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
+    if kind is not None:  # Dask: a lazy graph; CuPy: computed on the GPU
+        return _dispatch.engine(kind).additive_attention(
+            **_dispatch.forwarded(additive_attention, locals())
         )
     args, ws = additive_args(
         query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
@@ -308,63 +184,7 @@ def additive_attention(
                 "valid_lens": valid_lens,
             },
         )
-    return _additive(args, ws, "softmax", None, want_weights, out, threads)
-
-
-def _family_storage(spec, normalizer: int, sixteen: np.dtype) -> np.dtype:
-    """The dtype q/k/v reach the kernels in for a dot-product score: float16/bfloat16 as
-    stored (``sixteen``, sdpa_storage_dtype's) where the kernels read them without changing
-    the arithmetic, else the compute dtype (a float32 copy). dot/scaled_dot: as stored,
-    so the softmax is scaled_dot_product_attention on those arrays (bfloat16 by its rule,
-    vdpbf16ps on AVX512-BF16) and hardmax/top-k widen in the select kernel. gaussian: as
-    stored where widening is exact -- float16, or bfloat16 under hardmax/top-k -- but a
-    bfloat16 softmax keeps the copy (the SDPA bfloat16 kernel would round P and the
-    products, unlike the float32 arithmetic gaussian's bias is formed in). general
-    projects q into a new float32 array, which k must match; cosine's unit rows are a new
-    array in any dtype."""
-    if spec.score in ("dot", "scaled_dot"):
-        return sixteen
-    if spec.score == "gaussian" and (normalizer == 1 or not is_bfloat16(sixteen)):
-        return sixteen
-    return spec.args.compute_dtype
-
-
-def _dot_operands(spec, threads, storage):
-    """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
-    normalises the rows of q and k, general projects q by W, gaussian adds the per-key
-    bias -||k||^2 / (2 h^2) to the float mask (broadcast along the rows, zero-copy; the
-    -||q||^2 term is constant along a row and cancels in every normaliser). ``storage``: the
-    dtype of plain dot-product q and k (a 16-bit float the kernel widens, or the compute
-    dtype)."""
-    args = spec.args
-    dtype = args.compute_dtype
-    if spec.score == "cosine":
-        q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
-        k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
-    else:
-        q, k = kernel_ready(args.query, storage), kernel_ready(args.key, storage)
-    if spec.score == "general":
-        q = project(q, spec.weight, dtype, threads)
-    bool_mask, float_mask, lens = attention_masks(args)
-    if spec.score == "gaussian":
-        bias = gaussian_key_bias(args.key, spec.bandwidth)  # (..., Hkv, Lk)
-        group = args.query.shape[-3] // max(args.key.shape[-3], 1)
-        if group > 1:
-            bias = np.repeat(bias, group, axis=-2)
-        bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
-        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
-        # a key scores -inf (its bias already is), such a query sees no key, as with
-        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
-        k_far, q_far = infinitely_far(k), infinitely_far(q)
-        if k_far.any():  # (k's own zero: a 16-bit k stays 16-bit)
-            k = np.where(k_far[..., None], k.dtype.type(0), k)
-        if q_far.any():
-            q = np.where(q_far[..., None], q.dtype.type(0), q)
-            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
-        if float_mask is not None:
-            bias = float_mask + bias
-        float_mask = np.broadcast_to(bias, args.full_scores_shape)
-    return to_batch(q, args.batch), to_batch(k, args.batch), bool_mask, float_mask, lens
+    return _cpu.additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
 def attention(
@@ -462,36 +282,7 @@ def attention(
            [0.   , 0.5  , 0.5  ]])
     """
     if _dispatch.backend(query, key, value, attn_mask, valid_lens, out, sinks) == "dask":
-        if sinks is not None:
-            raise NotImplementedError(
-                "sinks is not supported on Dask arrays (the Dask path has no sinks): "
-                "pass NumPy arrays"
-            )
-        from fastattn import _dask  # a lazy graph whose blocks come back here
-
-        return _dask.attention(
-            query,
-            key,
-            value,
-            attn_mask,
-            score=score,
-            normalize=normalize,
-            scale=scale,
-            weight=weight,
-            temperature=temperature,
-            bandwidth=bandwidth,
-            w_q=w_q,
-            w_k=w_k,
-            w_v=w_v,
-            top_k=top_k,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
-        )
+        return _dispatch.engine("dask").attention(**_dispatch.forwarded(attention, locals()))
     spec = attention_spec(
         query,
         key,
@@ -533,44 +324,7 @@ def attention(
                 "w_v": w_v,
             },
         )
-    if spec.score == "additive":
-        return _additive(
-            args, spec.additive, spec.normalize, spec.top_k, want_weights, out, threads
-        )
-
-    normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
-    storage = _family_storage(spec, normalizer, sdpa_storage_dtype(args))
-    q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads, storage)
-    v = to_batch(kernel_ready(args.value, storage), args.batch)
-    result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
-
-    shared = shared_options(args, threads, (bool_mask, float_mask, lens))
-    if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
-        _core.sdpa(
-            query=q,
-            key=k,
-            value=v,
-            out=result,
-            weights=weights,
-            sinks=head_values(args)[0],
-            scale=spec.scale,
-            mask_summary=args.mask_summary,  # a BlockMask's, as in SDPA
-            **shared,
-        )
-    else:  # hardmax / top-k: each row's best keys kept in a heap
-        _core.select(
-            query=q,
-            key=k,
-            value=v,
-            out=result,
-            weights=weights,
-            scale=spec.scale,
-            top_k=k_keep,
-            hardmax=hardmax,
-            **shared,
-        )
-
-    return attention_result(args, out, result, in_place, None, weights)
+    return _cpu.attention(spec, want_weights, out, threads)
 
 
 # --------------------------------------------------------------------------------------
@@ -633,17 +387,8 @@ def nadaraya_watson(
     array([2.5])
     """
     if _dispatch.backend(x_query, x_keys, y_values, out) == "dask":
-        from fastattn import _dask  # a lazy graph whose blocks come back here
-
-        return _dask.nadaraya_watson(
-            x_query,
-            x_keys,
-            y_values,
-            kernel=kernel,
-            bandwidth=bandwidth,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
+        return _dispatch.engine("dask").nadaraya_watson(
+            **_dispatch.forwarded(nadaraya_watson, locals())
         )
     ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
     want_weights = check_flag(return_weights, "return_weights")
@@ -656,28 +401,4 @@ def nadaraya_watson(
             {"x_query": x_query, "x_keys": x_keys, "y_values": y_values},
         )
 
-    dtype = ra.compute_dtype
-    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
-    storage = storage_dtype(ra.result_dtype, dtype)
-    # (batch..., 1, L, D): one head
-    xq, xk, y = (
-        to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]
-        for a in (ra.x_query, ra.x_keys, ra.y_values)
-    )
-    lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
-    result = np.empty(ra.batch + (1, lq, dy), storage)
-    weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
-
-    _core.nadaraya_watson(
-        query=xq,
-        key=xk,
-        value=y,
-        out=result,
-        weights=weights,
-        bandwidth=ra.bandwidth,
-        kernel=KERNELS.index(ra.kernel),
-        num_threads=threads,
-    )
-
-    output = finish(result, ra.out_shape, ra.result_dtype, out, False)
-    return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))
+    return _cpu.nadaraya_watson(ra, want_weights, out, threads)

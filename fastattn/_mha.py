@@ -15,22 +15,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastattn import _dispatch
+from fastattn._checks import check_flag, check_size
 from fastattn._compute import average_heads, split_heads
 from fastattn._dtypes import is_bfloat16
-from fastattn._quantize import quantize_kv
-from fastattn._sdpa import scaled_dot_product_attention
-from fastattn._validation import (
-    check_flag,
+from fastattn._layer_checks import (
     check_head_split,
     check_layer_dtype,
     check_parameter,
-    check_size,
     check_unbatched_mask,
     head_valid_lens,
     kv_cache_rows,
     layer_inputs,
     torch_state_dict,
 )
+from fastattn._quantize import quantize_kv
+from fastattn._sdpa import scaled_dot_product_attention
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

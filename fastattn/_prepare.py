@@ -18,7 +18,7 @@ import numpy as np
 from fastattn._dtypes import FLOAT32, is_16bit_float, is_bfloat16
 
 if TYPE_CHECKING:  # (_validation imports _compute, which imports this module)
-    from fastattn._validation import SdpaArgs, SoftmaxArgs
+    from fastattn._args import SdpaArgs, SoftmaxArgs
 
 # --------------------------------------------------------------------------------------
 # Arrays for the kernels

@@ -1,7 +1,7 @@
-"""fastattn.scaled_dot_product_attention and merge_attention_states: checked by
-:mod:`fastattn._validation`, prepared and finished by :mod:`fastattn._prepare`, computed by
-the kernels of :mod:`fastattn._core` (attention also on the GPU by :mod:`fastattn._cuda` for
-CuPy arrays)."""
+"""fastattn.scaled_dot_product_attention and merge_attention_states: the common call taken
+whole by the core's fast path; otherwise the backend picked once (:mod:`fastattn._dispatch`):
+Dask and CuPy calls handed on as they were made, NumPy calls checked by
+:mod:`fastattn._validation` and computed by :mod:`fastattn._cpu`."""
 
 from __future__ import annotations
 
@@ -10,20 +10,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fastattn import _core, _cuda, _dispatch, _threads
-from fastattn._prepare import (
-    attention_buffers,
-    attention_result,
-    finish,
-    head_values,
-    item_aligned,
-    kernel_ready,
-    result_buffer,
-    sdpa_storage_dtype,
-    shared_options,
-    to_batch,
-)
-from fastattn._validation import check_flag, check_out, merge_states_args, sdpa_args
+from fastattn import _core, _cpu, _dispatch, _threads
+from fastattn._checks import check_flag, check_out
+from fastattn._validation import merge_states_args, sdpa_args
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -174,40 +163,22 @@ def scaled_dot_product_attention(
     kind = _dispatch.backend(
         query, key, value, attn_mask, valid_lens, out, sinks, alibi_slopes, key_scale, value_scale
     )
-    if kind is not None:  # CuPy: the CUDA kernel; Dask: a lazy graph whose blocks come back here
+    if kind is not None:  # CuPy: the CUDA kernel; Dask: a lazy graph of CPU (or CUDA) blocks
+        call = _dispatch.forwarded(scaled_dot_product_attention, locals())
         arrays = "CuPy" if kind == "cupy" else "Dask"
-        if sinks is not None or alibi_slopes is not None:
-            name = "sinks" if sinks is not None else "alibi_slopes"
-            path = "the CUDA kernel" if kind == "cupy" else "the Dask path"
-            raise NotImplementedError(
-                f"{name} is not supported on {arrays} arrays ({path} has no {name}): pass NumPy "
-                "arrays"
-            )
-        if key_scale is not None or value_scale is not None:
+        for name in ("sinks", "alibi_slopes"):
+            if call.pop(name) is not None:
+                path = "the CUDA kernel" if kind == "cupy" else "the Dask path"
+                raise NotImplementedError(
+                    f"{name} is not supported on {arrays} arrays ({path} has no {name}): pass "
+                    "NumPy arrays"
+                )
+        if call.pop("key_scale") is not None or call.pop("value_scale") is not None:
             raise NotImplementedError(
                 f"int8 key/value (key_scale/value_scale) do not run on {arrays} arrays: pass "
                 "NumPy arrays, or float key/value"
             )
-        if kind == "dask":
-            from fastattn import _dask as engine
-        else:
-            engine = _cuda
-        return engine.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask,
-            valid_lens=valid_lens,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            scale=scale,
-            softcap=softcap,
-            return_lse=return_lse,
-            return_weights=return_weights,
-            out=out,
-            num_threads=num_threads,
-        )
+        return _dispatch.engine(kind).scaled_dot_product_attention(**call)
     args = sdpa_args(
         query,
         key,
@@ -244,45 +215,7 @@ def scaled_dot_product_attention(
                 "value_scale": value_scale,
             },
         )
-
-    return compute(args, out, want_lse, want_weights, threads)
-
-
-def compute(args, out, want_lse: bool, want_weights: bool, threads: int):
-    """The checked call, computed on the CPU kernels (also the Dask path's blocks, which
-    set ``args.diag_offset`` to the block's absolute offset)."""
-    # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
-    dtype, batch = sdpa_storage_dtype(args), args.batch
-    # Convert before broadcasting so a broadcast input is never materialised.
-    kv_dtype = np.dtype(np.int8) if args.int8_kv else dtype
-    q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, kv_dtype), batch)
-    v = to_batch(kernel_ready(args.value, kv_dtype), batch)
-    scales = {}
-    if args.int8_kv:  # float32, unit stride along the keys
-        for name in ("key_scale", "value_scale"):
-            scales[name] = to_batch(kernel_ready(getattr(args, name), dtype), batch, 2)
-    sink_view, alibi_view = head_values(args)
-    result, in_place, lse, weights = attention_buffers(args, out, want_lse, want_weights, dtype)
-
-    _core.sdpa(
-        query=q,
-        key=k,
-        value=v,
-        out=result,
-        lse=lse,
-        weights=weights,
-        sinks=sink_view,
-        alibi_slopes=alibi_view,
-        scale=args.scale,
-        softcap=args.softcap or 0.0,
-        **shared_options(args, threads),
-        **scales,
-        # A BlockMask's tile summary (checked by the kernel to be of the mask it gets).
-        mask_summary=args.mask_summary,
-    )
-
-    return attention_result(args, out, result, in_place, lse, weights)
+    return _cpu.sdpa(args, out, want_lse, want_weights, threads)
 
 
 def merge_attention_states(
@@ -341,9 +274,9 @@ def merge_attention_states(
     """
     kind = _dispatch.backend(out, outputs, lses)
     if kind == "dask":
-        from fastattn import _dask
-
-        return _dask.merge_attention_states(outputs, lses, out=out, num_threads=num_threads)
+        return _dispatch.engine(kind).merge_attention_states(
+            **_dispatch.forwarded(merge_attention_states, locals())
+        )
     if kind == "cupy":
         raise NotImplementedError(
             "merge_attention_states does not run on CuPy arrays: pass NumPy arrays "
@@ -353,10 +286,4 @@ def merge_attention_states(
     threads = _threads.resolve(num_threads)
     if out is not None:
         check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
-    dtype = args.compute_dtype
-    parts = [kernel_ready(o, dtype) for o in args.outputs]
-    part_lses = [item_aligned(x, dtype) for x in args.lses]
-    result, in_place = result_buffer(out, args.out_shape, dtype)
-    lse = np.empty(args.out_shape[:-1], dtype)
-    _core.merge_states(outputs=parts, lses=part_lses, out=result, lse=lse, num_threads=threads)
-    return finish(result, args.out_shape, args.result_dtype, out, in_place), lse
+    return _cpu.merge_attention_states(args, out, threads)

@@ -12,7 +12,7 @@ import os
 import threading
 
 from fastattn import _core
-from fastattn._validation import check_size
+from fastattn._checks import check_size
 
 _lock = threading.Lock()
 _setting: int | None = None  # set_num_threads(); None = follow the environment

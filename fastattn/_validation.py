@@ -1,15 +1,14 @@
-"""The argument checks of the attention functions, the multi-head layer and the thread
-count, shared by the CPU path, the CUDA path and the NumPy twins.
+"""The argument checks of the attention functions, shared by the CPU path, the CUDA path,
+the Dask path and the NumPy twins: each ``*_args`` function checks one call and returns
+its record (:mod:`fastattn._args`).
 
 The checks read what describes an argument -- shape, dtype, strides, flags, and the values
-of ``valid_lens`` and ``bandwidth`` -- and convert nothing: array_like inputs become
-ndarrays with ``np.asarray`` (no copy for an ndarray; torch tensors of a state_dict are
-read with ``.numpy()``), nothing else is allocated. Turning checked arguments into
-kernel-ready arrays is :mod:`fastattn._prepare`'s job. The CUDA path runs the same checks
-on NumPy stand-ins of its device arrays, so errors are the same word for word; only its
-own rule (every array on one device) is checked in :mod:`fastattn._cuda`. Each message
-names the argument, what it got and what was expected; the semantics they enforce are
-written down in ``docs/semantics.md``.
+of ``valid_lens`` and ``bandwidth`` -- and convert nothing (the shared checks are in
+:mod:`fastattn._checks`). Turning checked arguments into kernel-ready arrays is
+:mod:`fastattn._prepare`'s job. The CUDA and Dask paths run the same checks on NumPy
+stand-ins of their arrays, so errors are the same word for word; only their own rules
+(every array on one device; Dask arrays with known chunks) are checked in
+:mod:`fastattn._cuda` and :mod:`fastattn._dask`.
 """
 
 from __future__ import annotations
@@ -17,19 +16,38 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from dataclasses import dataclass
 
 import numpy as np
 
+from fastattn._args import (
+    AdditiveWeights,
+    AttentionSpec,
+    MergeArgs,
+    RegressionArgs,
+    SdpaArgs,
+    SoftmaxArgs,
+    VarlenArgs,
+)
+from fastattn._checks import (
+    _FINFO_MAX,
+    _FLOAT_DTYPES,
+    _MAX_BATCH_DIMS,
+    _NATIVE_KERNEL_DTYPES,
+    _inverse_power,
+    _weight,
+    check_alignment,
+    check_attn_mask,
+    check_choice,
+    check_flag,
+    check_out,
+    check_real,
+    check_size,
+    check_valid_lens,
+    check_window,
+    float_array,
+    result_dtypes,
+)
 from fastattn._compute import silverman_bandwidth
-from fastattn._dtypes import FLOAT32 as _FLOAT32
-from fastattn._dtypes import is_bfloat16
-
-_UNBOUNDED = 2**40  # larger than any sequence length; window sides are clamped to it
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_FINFO_MAX = {d: float(np.finfo(d).max) for d in _FLOAT_DTYPES}
-_NATIVE_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_MAX_BATCH_DIMS = 61  # the kernels index at most 64 dims: batch + (H, L, E)
 
 SCORES = ("dot", "scaled_dot", "general", "cosine", "gaussian", "additive")
 NORMALIZERS = ("softmax", "hardmax", "topk")
@@ -47,274 +65,7 @@ _SCORE_PARAMS = {
 
 
 # --------------------------------------------------------------------------------------
-# Scalars
-
-
-def check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def check_real(value: object, name: str, *, positive: bool = False) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x}")
-    if positive and x <= 0:
-        raise ValueError(f"{name} must be > 0, got {x}")
-    return x
-
-
-def check_size(value: object, name: str, *, minimum: int = 1, noun: str = "an int") -> int:
-    """An int >= ``minimum`` (bools refused); ``noun`` is how the message names an int."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be {noun} >= {minimum}, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be {noun} >= {minimum}, got {value!r}") from None
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def check_choice(value: object, name: str, choices: tuple) -> str:
-    if not isinstance(value, str) or value not in choices:
-        listed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
-    return value
-
-
-def check_window(window: object) -> tuple[int, int]:
-    """``(left, right)`` with None -> -1 (unbounded)."""
-    if window is None:
-        return -1, -1
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise ValueError(
-            f"window must be None or a pair (left, right) of ints >= 0 or None, got {window!r}"
-        )
-    sides = []
-    for side, value in zip(("left", "right"), window):
-        if value is None:
-            sides.append(-1)
-            continue
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"window {side} must be an int >= 0 or None, got {value!r}")
-        try:
-            n = operator.index(value)
-        except TypeError:
-            raise TypeError(f"window {side} must be an int >= 0 or None, got {value!r}") from None
-        if n < 0:
-            raise ValueError(f"window {side} must be >= 0 or None, got {n}")
-        sides.append(min(n, _UNBOUNDED))  # any side >= Lq + Lk is unbounded; keeps int64 safe
-    return sides[0], sides[1]
-
-
-def check_alignment(causal_alignment: object) -> None:
-    if not isinstance(causal_alignment, str) or causal_alignment not in (
-        "top_left",
-        "bottom_right",
-    ):
-        raise ValueError(
-            f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}"
-        )
-
-
-def _inverse_power(x: float, power: int, name: str, dtype: np.dtype, what: str) -> float:
-    """``1 / x**power``, which must be finite in ``dtype`` (x > 0 already checked)."""
-    with np.errstate(divide="ignore", over="ignore", under="ignore"):
-        value = float(np.float64(1.0) / np.float64(x) ** power)
-    if not value <= float(np.finfo(dtype).max):
-        raise ValueError(f"{name} gives {what} = {value:.3g}, which is not finite in {dtype}")
-    return value
-
-
-# --------------------------------------------------------------------------------------
-# Arrays: dtype, shape, layout
-
-
-def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
-    """``x`` as a float16/32/64 ndarray of at least ``min_ndim`` dims (no copy if it is one)."""
-    a = np.asarray(x)
-    dt = a.dtype  # native float dtypes first: the common case, without newbyteorder's cost
-    if (
-        dt not in _FLOAT_DTYPES
-        and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES)
-        and not is_bfloat16(dt)
-    ):
-        raise TypeError(
-            f"{name} must be a floating-point array (float16, float32 or float64), "
-            f"got dtype {a.dtype}"
-        )
-    if a.ndim < min_ndim:
-        raise ValueError(
-            f"{name} must have at least {min_ndim} dimensions (..., L, E), got shape {a.shape}"
-        )
-    return a
-
-
-def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
-    """(dtype of the result, dtype computed in): float16 and bfloat16 are computed in
-    float32. bfloat16 with other dtypes promotes as float32 would (as ``np.result_type``
-    does with ml_dtypes for float32/float64; bfloat16 with float16 gives float32)."""
-    first = arrays[0].dtype  # dtype equality includes the byte order
-    if first in _NATIVE_KERNEL_DTYPES:  # the common case, without np.result_type's cost
-        for a in arrays:
-            if a.dtype != first:
-                break
-        else:
-            return first, first
-    dtypes = [a.dtype for a in arrays]
-    if any(is_bfloat16(d) for d in dtypes):
-        others = [d.newbyteorder("=") for d in dtypes if not is_bfloat16(d)]
-        if not others:
-            return dtypes[0], _FLOAT32
-        result = np.result_type(_FLOAT32, *others)
-        return result, result
-    result = np.result_type(*[d.newbyteorder("=") for d in dtypes])
-    compute = _FLOAT32 if result == np.float16 else result
-    return result, compute
-
-
-def _weight(w: object, name: str, shape: tuple, meaning: str) -> np.ndarray:
-    """A float weight array of exactly ``shape`` (``meaning`` says what its axes are)."""
-    a = float_array(w, name, min_ndim=0)
-    if a.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {meaning} = {tuple(shape)}, got shape {a.shape}")
-    return a
-
-
-def check_attn_mask(mask: object, name: str, user_shape: tuple) -> np.ndarray:
-    """A bool or float mask broadcastable to ``user_shape`` (the scores the caller sees)."""
-    m = np.asarray(mask)
-    if m.dtype != np.bool_ and m.dtype.kind != "f" and not is_bfloat16(m.dtype):
-        raise TypeError(
-            f"{name} must be a bool array (True = may attend) or a float array added to the "
-            f"scores, got dtype {m.dtype}"
-        )
-    try:
-        if m.ndim > len(user_shape):
-            raise ValueError
-        if np.broadcast_shapes(m.shape, user_shape) != tuple(user_shape):
-            raise ValueError
-    except ValueError:
-        raise ValueError(
-            f"{name} of shape {m.shape} does not broadcast to the attention scores' "
-            f"shape {tuple(user_shape)} (..., Hq, Lq, Lk)"
-        ) from None
-    return m
-
-
-def check_valid_lens(valid_lens: object, rows_shape: tuple, num_keys: int) -> np.ndarray:
-    """Integer lengths whose shape is a leading prefix of ``rows_shape`` (the score rows,
-    (..., Hq, Lq)) with size-1 axes broadcasting, each in ``[0, num_keys]``."""
-    vl = np.asarray(valid_lens)
-    if vl.dtype.kind not in "iu":
-        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
-    rows_shape = tuple(rows_shape)
-    if vl.ndim > len(rows_shape) or any(n not in (1, r) for n, r in zip(vl.shape, rows_shape)):
-        raise ValueError(
-            f"valid_lens of shape {vl.shape} is not a leading prefix of the score rows' shape "
-            f"{rows_shape} (size-1 axes broadcast): e.g. {rows_shape[:1]} for one length per "
-            f"leading entry, or {rows_shape} for one per query row"
-        )
-    if vl.size:
-        lo, hi = int(vl.min()), int(vl.max())
-        if lo < 0 or hi > num_keys:
-            raise ValueError(
-                f"valid_lens must lie in [0, {num_keys}] (the number of keys), "
-                f"got values from {lo} to {hi}"
-            )
-    return vl
-
-
-def may_self_overlap(a: np.ndarray) -> bool:
-    """Whether two elements of ``a`` may share memory (a stride-0 axis of size > 1, or any
-    axes whose strides interleave: each axis, by increasing stride, must step past the whole
-    extent of the smaller ones)."""
-    if a.size == 0:
-        return False
-    extent = a.itemsize
-    for stride, n in sorted((abs(s), n) for s, n in zip(a.strides, a.shape) if n > 1):
-        if stride < extent:
-            return True
-        extent += stride * (n - 1)
-    return False
-
-
-def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.ndarray:
-    """A caller-supplied ``out=`` buffer: exact shape and dtype, writeable, no element
-    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds)."""
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != tuple(shape) or out.dtype != dtype:
-        raise ValueError(
-            f"out must have shape {tuple(shape)} and dtype {dtype}, "
-            f"got shape {out.shape} and dtype {out.dtype}"
-        )
-    if not out.flags.writeable:
-        raise ValueError("out must be writeable")
-    if may_self_overlap(out):
-        raise ValueError(
-            f"out has overlapping elements (shape {out.shape}, strides {out.strides}): pass a "
-            "buffer whose elements are distinct"
-        )
-    for name, arr in inputs.items():
-        if arr is not None and np.may_share_memory(out, arr):
-            raise ValueError(f"out shares memory with {name}; pass a separate buffer")
-    return out
-
-
-# --------------------------------------------------------------------------------------
 # Attention layouts: scaled_dot_product_attention, additive_attention, attention
-
-
-@dataclass
-class SdpaArgs:
-    """A validated attention call. q/k/v are at least 3-D ``(..., H, L, E)``, as given
-    (not converted, not broadcast); ``attn_mask`` (bool or float) broadcasts to the
-    scores the caller sees, ``valid_lens`` (integer) is a prefix of their rows;
-    ``out_shape``/``scores_shape`` are the shapes the caller sees, ``full_*`` the same with
-    every batch dim."""
-
-    query: np.ndarray
-    key: np.ndarray
-    value: np.ndarray
-    batch: tuple
-    attn_mask: np.ndarray | None
-    valid_lens: np.ndarray | None
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-    out_shape: tuple
-    full_out_shape: tuple
-    scale: float
-    softcap: float | None
-    is_causal: bool
-    diag_offset: int
-    window: tuple[int, int]  # -1 = unbounded
-    # Per query head (check_head_values): the sink logits and ALiBi slopes, or None.
-    sinks: np.ndarray | None = None
-    alibi_slopes: np.ndarray | None = None
-    # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
-    key_scale: np.ndarray | None = None
-    value_scale: np.ndarray | None = None
-    # The tile summary a BlockMask attn_mask carries (fastattn.block_mask), or None: the
-    # SDPA kernel reads it instead of summarising the same mask again on every call.
-    mask_summary: object = None
-
-    @property
-    def int8_kv(self) -> bool:
-        return self.key_scale is not None
-
-    @property
-    def full_scores_shape(self) -> tuple:
-        return self.full_out_shape[:-1] + (self.key.shape[-2],)
-
-    @property
-    def scores_shape(self) -> tuple:
-        return self.out_shape[:-1] + (self.key.shape[-2],)
 
 
 def _check_features(q, k, e: int, ek: int) -> None:
@@ -535,34 +286,6 @@ def _check_softcap(softcap: object, compute_dtype: np.dtype) -> float | None:
     return cap
 
 
-@dataclass
-class VarlenArgs:
-    """A validated varlen_attention call: the packed q/k/v as given (not converted),
-    ``(total_q, Hq, E)``, ``(total_k, Hkv, E)``, ``(total_k, Hkv, Ev)``, and the sequence
-    boundaries as int64 arrays of length ``N + 1``."""
-
-    query: np.ndarray
-    key: np.ndarray
-    value: np.ndarray
-    cu_seqlens_q: np.ndarray
-    cu_seqlens_k: np.ndarray
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-    out_shape: tuple
-    scale: float
-    softcap: float | None
-    is_causal: bool
-    bottom_right: bool
-    window: tuple[int, int]  # -1 = unbounded
-    # One value per query head, shape (Hq,) or broadcastable to it, or None.
-    sinks: np.ndarray | None = None
-    alibi_slopes: np.ndarray | None = None
-
-    def named_inputs(self) -> dict:
-        """The arrays by the names the errors use (for ``out=``'s overlap check)."""
-        return {"query": self.query, "key": self.key, "value": self.value}
-
-
 def _packed(x: object, name: str, layout: str) -> np.ndarray:
     a = float_array(x, name, min_ndim=0)
     if a.ndim != 3:
@@ -699,27 +422,6 @@ def check_head_values(values: object, name: str, heads_shape: tuple) -> np.ndarr
     return a
 
 
-@dataclass
-class MergeArgs:
-    """A validated merge_attention_states call: the parts as given (not converted), all of
-    one shape ``(..., Lq, Ev)``, and their lses, each of shape ``(..., Lq)``."""
-
-    outputs: list
-    lses: list
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-
-    @property
-    def out_shape(self) -> tuple:
-        return self.outputs[0].shape
-
-    def named_inputs(self) -> dict:
-        """The parts by the names the errors use (for ``out=``'s overlap check)."""
-        named = {f"outputs[{i}]": o for i, o in enumerate(self.outputs)}
-        named.update({f"lses[{i}]": x for i, x in enumerate(self.lses)})
-        return named
-
-
 def _parts(parts: object, name: str) -> list:
     """A non-empty sequence of arrays as a list (an ndarray counts as the sequence of its
     sub-arrays along axis 0)."""
@@ -771,13 +473,6 @@ def merge_states_args(outputs: object, lses: object) -> MergeArgs:
     return MergeArgs(outs, ls, result, compute)
 
 
-@dataclass
-class AdditiveWeights:
-    w_q: np.ndarray  # (Dq, hidden)
-    w_k: np.ndarray  # (Dk, hidden)
-    w_v: np.ndarray  # (hidden,)
-
-
 def additive_weights(w_q, w_k, w_v, dim_q: int, dim_k: int) -> AdditiveWeights:
     if w_q is None or w_k is None or w_v is None:
         missing = [n for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)) if w is None]
@@ -815,22 +510,6 @@ def additive_args(
         same_features=False,
     )
     return args, additive_weights(w_q, w_k, w_v, args.query.shape[-1], args.key.shape[-1])
-
-
-@dataclass
-class AttentionSpec:
-    """A validated attention() call: the layout, the score and its parameters, the
-    normaliser. ``scale`` is the factor of the dot product the kernels use (1 for "dot",
-    "general" and "additive"; 1 / temperature for "cosine"; 1 / h^2 for "gaussian")."""
-
-    args: SdpaArgs
-    score: str
-    normalize: str
-    top_k: int | None
-    scale: float
-    weight: np.ndarray | None = None  # general: (Eq, Ek)
-    additive: AdditiveWeights | None = None
-    bandwidth: float | None = None  # gaussian
 
 
 def attention_spec(
@@ -958,20 +637,6 @@ def attention_spec(
 # masked_softmax
 
 
-@dataclass
-class SoftmaxArgs:
-    x: np.ndarray  # as given (float16/32/64), not moved
-    axis: int  # normalised to [0, ndim)
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-    mask: np.ndarray | None  # bool, broadcastable to x's shape
-    valid_lens: np.ndarray | None  # integer, a prefix of the rows' shape (x without axis)
-
-    @property
-    def rows_shape(self) -> tuple:
-        return self.x.shape[: self.axis] + self.x.shape[self.axis + 1 :]
-
-
 def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
     a = float_array(x, "x", min_ndim=1)
     result, compute = result_dtypes(a)
@@ -1006,24 +671,6 @@ def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
 
 # --------------------------------------------------------------------------------------
 # nadaraya_watson
-
-
-@dataclass
-class RegressionArgs:
-    """A validated nadaraya_watson call. x_query/x_keys/y_values are 2-D+ ``(..., L, D)``,
-    as given (not converted, not broadcast); ``bandwidth`` is float64 of the batch shape
-    (a broadcast view)."""
-
-    x_query: np.ndarray
-    x_keys: np.ndarray
-    y_values: np.ndarray
-    batch: tuple
-    kernel: str
-    bandwidth: np.ndarray
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-    out_shape: tuple  # what the caller sees
-    weights_shape: tuple
 
 
 def _features(x: object, name: str) -> np.ndarray:
@@ -1115,313 +762,3 @@ def regression_args(x_query, x_keys, y_values, kernel, bandwidth) -> RegressionA
         out_shape,
         batch + (lq, xk.shape[-2]),
     )
-
-
-# --------------------------------------------------------------------------------------
-# MultiHeadAttention and its functional twin
-
-
-_LAYER_DTYPES = _FLOAT_DTYPES
-
-
-def check_layer_dtype(dtype: object) -> np.dtype:
-    """A layer's dtype: float16, bfloat16 (ml_dtypes', recognised by name), float32 or
-    float64."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(
-            f"dtype must be float16, bfloat16, float32 or float64, got {dtype!r}"
-        ) from None
-    if dt not in _LAYER_DTYPES and not is_bfloat16(dt):
-        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dt}")
-    return dt
-
-
-def check_parameter(value: object, name: str, shape: tuple, axes: str = "") -> np.ndarray:
-    """A new value for a layer parameter: a float array of exactly ``shape`` (``axes`` says
-    what its axes are)."""
-    a = float_array(value, name, min_ndim=1)
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}{axes}, got {a.shape}")
-    return a
-
-
-def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
-    """The head size ``embed_dim // num_heads``, after checking that the heads divide."""
-    if embed_dim % num_heads:
-        raise ValueError(
-            f"num_heads={num_heads} does not divide embed_dim={embed_dim}: each head gets "
-            "embed_dim // num_heads features"
-        )
-    if num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: query head h "
-            "reads key/value head h // (num_heads // num_kv_heads)"
-        )
-    return embed_dim // num_heads
-
-
-def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
-    """A ``(B, L, features)`` or ``(L, features)`` float array."""
-    a = float_array(x, name)
-    if a.ndim > 3 or a.shape[-1] != features:
-        raise ValueError(
-            f"{name} must have shape (B, L, {features}) or (L, {features}) "
-            f"({feature_name}={features}), got shape {a.shape}"
-        )
-    return a
-
-
-def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
-    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
-    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
-    q = sequence_input(query, "query", embed_dim, "embed_dim")
-    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
-    if key is None and q.shape[-1] != kdim:
-        raise ValueError(
-            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
-            "pass key explicitly"
-        )
-    if value is None:
-        v = k
-        if k.shape[-1] != vdim:
-            raise ValueError(
-                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
-                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
-            )
-    else:
-        v = sequence_input(value, "value", vdim, "vdim")
-    for name, a in (("key", k), ("value", v)):
-        if a.ndim != q.ndim:
-            raise ValueError(
-                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
-                "(B, L, features) or both unbatched (L, features)"
-            )
-        if q.ndim == 3 and a.shape[0] != q.shape[0]:
-            raise ValueError(
-                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
-                f"({name} {a.shape}, query {q.shape})"
-            )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
-            f"(key {k.shape}, value {v.shape})"
-        )
-    batched = q.ndim == 3
-    if not batched:
-        q, k, v = q[None], k[None], v[None]
-    return q, k, v, batched
-
-
-def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
-    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
-    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
-    if valid_lens is None:
-        return None
-    vl = np.asarray(valid_lens)
-    if vl.dtype.kind not in "iu":
-        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
-    rows = (batch, num_q) if batched else (num_q,)
-    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
-        forms = (
-            "(B,) for one length per sequence or (B, Lq) for one per query"
-            if batched
-            else "() for one length or (Lq,) for one per query"
-        )
-        raise ValueError(
-            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
-            f"expected {forms} (size-1 axes broadcast)"
-        )
-    if not batched:
-        vl = vl[None] if vl.ndim else vl
-    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
-        vl = vl[:, None, :]
-    return vl
-
-
-def check_unbatched_mask(attn_mask: object, batched: bool):
-    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
-    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
-        raise ValueError(
-            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
-            "unbatched call (H, Lq, Lk)"
-        )
-    return attn_mask
-
-
-def projection_weights(
-    num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias, v_bias, out_bias
-):
-    """The functional form's weights checked: ``(num_kv_heads, [(weight, bias)] * 4)`` with
-    ``q_weight (E, E)``, ``k_weight (Hkv * D, kdim)``, ``v_weight (Hkv * D, vdim)``,
-    ``out_weight (E, E)``, ``D = E // num_heads``; each bias ``(out_features,)`` or None."""
-    heads = check_size(num_heads, "num_heads")
-    pairs = []
-    for name, w, b in (
-        ("q", q_weight, q_bias),
-        ("k", k_weight, k_bias),
-        ("v", v_weight, v_bias),
-        ("out", out_weight, out_bias),
-    ):
-        w = float_array(w, f"{name}_weight")
-        if w.ndim != 2:
-            raise ValueError(
-                f"{name}_weight must be 2-D (out_features, in_features), got shape {w.shape}"
-            )
-        if b is not None:
-            b = float_array(b, f"{name}_bias", min_ndim=1)
-            if b.shape != w.shape[:1]:
-                raise ValueError(
-                    f"{name}_bias must have shape {w.shape[:1]} (out_features of "
-                    f"{name}_weight {w.shape}), got {b.shape}"
-                )
-        pairs.append((w, b))
-    (wq, _), (wk, _), (wv, _), (wo, _) = pairs
-    e = wq.shape[1]
-    for name, w in (("q_weight", wq), ("out_weight", wo)):
-        if w.shape != (e, e):
-            raise ValueError(
-                f"{name} must have shape (E, E) = {(e, e)} (E from q_weight's in_features), "
-                f"got {w.shape}"
-            )
-    head_dim = check_head_split(e, heads, 1)
-    if wk.shape[0] % head_dim or wk.shape[0] == 0:
-        raise ValueError(
-            f"k_weight has {wk.shape[0]} out_features, not a positive multiple of the head "
-            f"size {head_dim} (E={e} // num_heads={heads})"
-        )
-    if wv.shape[0] != wk.shape[0]:
-        raise ValueError(
-            f"v_weight has {wv.shape[0]} out_features but k_weight has {wk.shape[0]}: "
-            "they must match (num_kv_heads * head_dim)"
-        )
-    num_kv = wk.shape[0] // head_dim
-    check_head_split(e, heads, num_kv)
-    return num_kv, pairs
-
-
-def kv_cache_rows(
-    cache: object, cache_type: type, layout: tuple, batch: int, num_new: int
-) -> tuple[int, int]:
-    """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checking that
-    it is a ``cache_type`` (the KVCache class) of the layer's ``layout`` (num_kv_heads,
-    head_dim, dtype) and batch, with room for them."""
-    if not isinstance(cache, cache_type):
-        raise TypeError(
-            f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
-            f"got {type(cache).__name__}"
-        )
-    theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
-    if layout != theirs:
-        raise ValueError(
-            f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
-            f"dtype={theirs[2]}, but this layer has num_kv_heads={layout[0]}, "
-            f"head_dim={layout[1]}, dtype={layout[2]}"
-        )
-    if cache.batch != batch:
-        raise ValueError(
-            f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
-            f"{batch} (an unbatched call counts as batch 1)"
-        )
-    start = cache.length
-    stop = start + num_new
-    if stop > cache.max_len:
-        raise ValueError(
-            f"kv_cache is full: appending {num_new} positions to the {start} cached would "
-            f"exceed its max_len={cache.max_len}; make a larger one with "
-            "new_kv_cache(batch, max_len)"
-        )
-    return start, stop
-
-
-def _to_numpy(value: object, name: str) -> np.ndarray:
-    """An array from a NumPy array, a torch tensor (duck-typed: no torch import) or a list."""
-    if hasattr(value, "detach") and hasattr(value, "numpy"):
-        t = value.detach()
-        if hasattr(t, "cpu"):
-            t = t.cpu()
-        try:
-            value = t.numpy()
-        except TypeError:  # e.g. bfloat16, which NumPy lacks
-            value = t.float().numpy()
-    return float_array(value, f"state_dict[{name!r}]", min_ndim=1)
-
-
-_TORCH_KEYS = (
-    "in_proj_weight",
-    "q_proj_weight",
-    "k_proj_weight",
-    "v_proj_weight",
-    "in_proj_bias",
-    "out_proj.weight",
-    "out_proj.bias",
-    "sinks",  # attention sinks, one logit per head (not torch's; MultiHeadAttention's)
-)
-
-
-def torch_state_dict(state_dict: object) -> tuple[dict, tuple, bool]:
-    """A ``torch.nn.MultiheadAttention`` state_dict checked: (the arrays by name, the
-    (q, k, v, out) projection weights, whether it has biases)."""
-    if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
-        raise TypeError(
-            f"state_dict must be a mapping of names to arrays or tensors, "
-            f"got {type(state_dict).__name__}"
-        )
-    names = set(state_dict.keys())
-    if {"bias_k", "bias_v"} & names:
-        raise ValueError(
-            "state_dict has bias_k/bias_v (torch's add_bias_kv=True), which "
-            "MultiHeadAttention does not support"
-        )
-    unexpected = sorted(str(n) for n in names - set(_TORCH_KEYS))
-    if unexpected:
-        raise ValueError(
-            f"state_dict has unexpected keys {unexpected}; expected names from "
-            f"{list(_TORCH_KEYS)} (strip any module prefix such as 'self_attn.')"
-        )
-    sd = {name: _to_numpy(state_dict[name], name) for name in names}
-    if "out_proj.weight" not in sd:
-        raise ValueError("state_dict has no 'out_proj.weight'")
-    wo = sd["out_proj.weight"]
-    if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-        raise ValueError(f"state_dict['out_proj.weight'] must have shape (E, E), got {wo.shape}")
-    e = wo.shape[0]
-    separate = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
-    if "in_proj_weight" in sd:
-        if set(separate) & names:
-            raise ValueError("state_dict has both 'in_proj_weight' and separate q/k/v_proj_weight")
-        w = sd["in_proj_weight"]
-        if w.shape != (3 * e, e):
-            raise ValueError(
-                f"state_dict['in_proj_weight'] must have shape (3E, E) = {(3 * e, e)} "
-                f"(E={e} from out_proj.weight), got {w.shape}"
-            )
-        wq, wk, wv = np.split(w, 3)
-    elif set(separate) <= names:
-        wq, wk, wv = (sd[n] for n in separate)
-        for n, w in zip(separate, (wq, wk, wv)):
-            if w.ndim != 2 or w.shape[0] != e or (n == "q_proj_weight" and w.shape[1] != e):
-                want = "(E, E)" if n == "q_proj_weight" else f"(E, {n[0]}dim)"
-                raise ValueError(
-                    f"state_dict[{n!r}] must have shape {want} with E={e} "
-                    f"(from out_proj.weight), got {w.shape}"
-                )
-    else:
-        raise ValueError(
-            "state_dict has neither 'in_proj_weight' nor all of 'q_proj_weight', "
-            f"'k_proj_weight', 'v_proj_weight'; got keys {sorted(map(str, names))}"
-        )
-    has_in_bias, has_out_bias = "in_proj_bias" in sd, "out_proj.bias" in sd
-    if has_in_bias != has_out_bias:
-        raise ValueError(
-            "state_dict must have both 'in_proj_bias' and 'out_proj.bias' or neither, "
-            f"got only {'in_proj_bias' if has_in_bias else 'out_proj.bias'}"
-        )
-    if has_in_bias:
-        for n, want in (("in_proj_bias", (3 * e,)), ("out_proj.bias", (e,))):
-            if sd[n].shape != want:
-                raise ValueError(
-                    f"state_dict[{n!r}] must have shape {want} (E={e}), got {sd[n].shape}"
-                )
-    return sd, (wq, wk, wv, wo), has_in_bias

@@ -1,6 +1,6 @@
 """fastattn.varlen_attention: packed variable-length batches, checked by
-:mod:`fastattn._validation`, computed by one call of the SDPA kernels over every sequence
-(``_core.sdpa_varlen``)."""
+:mod:`fastattn._validation`, computed by the CPU backend (:mod:`fastattn._cpu`) in one call
+of the SDPA kernels over every sequence."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fastattn import _core, _cuda, _threads
-from fastattn._prepare import finish, kernel_ready, result_buffer, storage_dtype
-from fastattn._validation import check_flag, check_out, varlen_args
+from fastattn import _cpu, _cuda, _threads
+from fastattn._checks import check_flag, check_out
+from fastattn._validation import varlen_args
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
@@ -126,39 +126,4 @@ def varlen_attention(
     if out is not None:
         check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
 
-    dtype = args.compute_dtype
-    # float16/bfloat16 are read as stored (widened, or bfloat16 products, in the kernel),
-    # as scaled_dot_product_attention reads them; lse stays in the compute dtype.
-    storage = storage_dtype(args.result_dtype, dtype)
-    # The kernel sees the packed call as one SDPA without a batch: (heads, tokens, features).
-    q = kernel_ready(args.query, storage).transpose(1, 0, 2)
-    k = kernel_ready(args.key, storage).transpose(1, 0, 2)
-    v = kernel_ready(args.value, storage).transpose(1, 0, 2)
-    result, in_place = result_buffer(out, args.out_shape, storage)
-    lse = np.empty(args.out_shape[:-1], dtype) if want_lse else None
-    hq = args.out_shape[1]
-
-    def per_head(a):  # (Hq,) in the compute dtype, as the kernel reads them
-        return None if a is None else np.ascontiguousarray(np.broadcast_to(a.astype(dtype), (hq,)))
-
-    left, right = args.window
-    _core.sdpa_varlen(
-        query=q,
-        key=k,
-        value=v,
-        out=result.transpose(1, 0, 2),
-        cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
-        cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
-        lse_tokens=lse,
-        scale=args.scale,
-        softcap=args.softcap or 0.0,
-        causal=args.is_causal,
-        bottom_right=args.bottom_right,
-        window_left=left,
-        window_right=right,
-        num_threads=threads,
-        sinks=per_head(args.sinks),
-        alibi_slopes=per_head(args.alibi_slopes),
-    )
-    output = finish(result, args.out_shape, args.result_dtype, out, in_place)
-    return (output, lse) if want_lse else output
+    return _cpu.varlen_attention(args, want_lse, out, threads)

@@ -14,23 +14,23 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _threads
+from fastattn._checks import check_flag, check_out, result_dtypes
 from fastattn._compute import average_heads, split_heads, unit_rows
 from fastattn._dtypes import is_bfloat16
+from fastattn._layer_checks import (
+    check_unbatched_mask,
+    head_valid_lens,
+    layer_inputs,
+    projection_weights,
+)
 from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch, weights_dtype
 from fastattn._validation import (
     additive_args,
     attention_spec,
-    check_flag,
-    check_out,
-    check_unbatched_mask,
-    head_valid_lens,
-    layer_inputs,
     masked_softmax_args,
     merge_states_args,
-    projection_weights,
     quantize_args,
     regression_args,
-    result_dtypes,
     sdpa_args,
     set_family_sinks,
     varlen_args,

@@ -1,0 +1,158 @@
+"""The records of checked calls: what :mod:`fastattn._validation` hands to a backend (the
+CPU kernels, :mod:`fastattn._cuda`, :mod:`fastattn._dask`) and to the NumPy twins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SdpaArgs:
+    """A validated attention call. q/k/v are at least 3-D ``(..., H, L, E)``, as given
+    (not converted, not broadcast); ``attn_mask`` (bool or float) broadcasts to the
+    scores the caller sees, ``valid_lens`` (integer) is a prefix of their rows;
+    ``out_shape``/``scores_shape`` are the shapes the caller sees, ``full_*`` the same with
+    every batch dim."""
+
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    batch: tuple
+    attn_mask: np.ndarray | None
+    valid_lens: np.ndarray | None
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+    out_shape: tuple
+    full_out_shape: tuple
+    scale: float
+    softcap: float | None
+    is_causal: bool
+    diag_offset: int
+    window: tuple[int, int]  # -1 = unbounded
+    # Per query head (check_head_values): the sink logits and ALiBi slopes, or None.
+    sinks: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
+    # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
+    key_scale: np.ndarray | None = None
+    value_scale: np.ndarray | None = None
+    # The tile summary a BlockMask attn_mask carries (fastattn.block_mask), or None: the
+    # SDPA kernel reads it instead of summarising the same mask again on every call.
+    mask_summary: object = None
+
+    @property
+    def int8_kv(self) -> bool:
+        return self.key_scale is not None
+
+    @property
+    def full_scores_shape(self) -> tuple:
+        return self.full_out_shape[:-1] + (self.key.shape[-2],)
+
+    @property
+    def scores_shape(self) -> tuple:
+        return self.out_shape[:-1] + (self.key.shape[-2],)
+
+
+@dataclass
+class VarlenArgs:
+    """A validated varlen_attention call: the packed q/k/v as given (not converted),
+    ``(total_q, Hq, E)``, ``(total_k, Hkv, E)``, ``(total_k, Hkv, Ev)``, and the sequence
+    boundaries as int64 arrays of length ``N + 1``."""
+
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    cu_seqlens_q: np.ndarray
+    cu_seqlens_k: np.ndarray
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+    out_shape: tuple
+    scale: float
+    softcap: float | None
+    is_causal: bool
+    bottom_right: bool
+    window: tuple[int, int]  # -1 = unbounded
+    # One value per query head, shape (Hq,) or broadcastable to it, or None.
+    sinks: np.ndarray | None = None
+    alibi_slopes: np.ndarray | None = None
+
+    def named_inputs(self) -> dict:
+        """The arrays by the names the errors use (for ``out=``'s overlap check)."""
+        return {"query": self.query, "key": self.key, "value": self.value}
+
+
+@dataclass
+class MergeArgs:
+    """A validated merge_attention_states call: the parts as given (not converted), all of
+    one shape ``(..., Lq, Ev)``, and their lses, each of shape ``(..., Lq)``."""
+
+    outputs: list
+    lses: list
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.outputs[0].shape
+
+    def named_inputs(self) -> dict:
+        """The parts by the names the errors use (for ``out=``'s overlap check)."""
+        named = {f"outputs[{i}]": o for i, o in enumerate(self.outputs)}
+        named.update({f"lses[{i}]": x for i, x in enumerate(self.lses)})
+        return named
+
+
+@dataclass
+class AdditiveWeights:
+    w_q: np.ndarray  # (Dq, hidden)
+    w_k: np.ndarray  # (Dk, hidden)
+    w_v: np.ndarray  # (hidden,)
+
+
+@dataclass
+class AttentionSpec:
+    """A validated attention() call: the layout, the score and its parameters, the
+    normaliser. ``scale`` is the factor of the dot product the kernels use (1 for "dot",
+    "general" and "additive"; 1 / temperature for "cosine"; 1 / h^2 for "gaussian")."""
+
+    args: SdpaArgs
+    score: str
+    normalize: str
+    top_k: int | None
+    scale: float
+    weight: np.ndarray | None = None  # general: (Eq, Ek)
+    additive: AdditiveWeights | None = None
+    bandwidth: float | None = None  # gaussian
+
+
+@dataclass
+class SoftmaxArgs:
+    x: np.ndarray  # as given (float16/32/64), not moved
+    axis: int  # normalised to [0, ndim)
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+    mask: np.ndarray | None  # bool, broadcastable to x's shape
+    valid_lens: np.ndarray | None  # integer, a prefix of the rows' shape (x without axis)
+
+    @property
+    def rows_shape(self) -> tuple:
+        return self.x.shape[: self.axis] + self.x.shape[self.axis + 1 :]
+
+
+@dataclass
+class RegressionArgs:
+    """A validated nadaraya_watson call. x_query/x_keys/y_values are 2-D+ ``(..., L, D)``,
+    as given (not converted, not broadcast); ``bandwidth`` is float64 of the batch shape
+    (a broadcast view)."""
+
+    x_query: np.ndarray
+    x_keys: np.ndarray
+    y_values: np.ndarray
+    batch: tuple
+    kernel: str
+    bandwidth: np.ndarray
+    result_dtype: np.dtype
+    compute_dtype: np.dtype
+    out_shape: tuple  # what the caller sees
+    weights_shape: tuple
