@@ -325,6 +325,65 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
   return finite;
 }
 
+// The score and P V micro-kernels below run register tiles of R rows x kColTile columns
+// (two vectors), R fused multiply-add chains per column vector. Rows are padded to
+// kRowTile (4); a call's rows are cut into tiles by tile_rows_next. Every element still
+// takes its terms in order, one fused multiply-add at a time, so the tile shape changes
+// no bit.
+//
+// AVX2 (16 ymm registers, no embedded broadcast): tiles of 6 rows where the rows allow,
+// 12 accumulators + 2 column vectors + 1 broadcast. The 4-row tile's 8 accumulators only
+// just cover two FMA ports of latency 4, so every broadcast, load or loop step that
+// delays an FMA left a port idle (the AVX-512 kernels fold the broadcast into the FMA);
+// 12 chains leave slack, and a tile's 8 loads per 12 FMAs fit two load ports.
+template <typename T>
+constexpr int kWideRowTile = kVecBytes<T> == 32 ? 6 : kRowTile;
+
+// Rows of the next tile of a call's nrows (a multiple of kRowTile) with `left` rows still
+// to do: kWideRowTile while what remains can still be cut into tiles, else kRowTile
+// (left = 4 or 8 after 6-row tiles never leaves 2).
+template <typename T>
+inline int tile_rows_next(int64_t left) {
+  if constexpr (kWideRowTile<T> != kRowTile)
+    if (left >= kWideRowTile<T> && left != 4 && left != 8) return kWideRowTile<T>;
+  return kRowTile;
+}
+
+// scores_tile for R rows.
+template <typename T, int R>
+inline void scores_rows(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
+                        int64_t ncols, T* rmax) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>, CT = kColTile<T>;
+  V vm[R];
+  for (int rr = 0; rr < R; ++rr) vm[rr] = V{} - T(__builtin_inf());
+  for (int64_t c = 0; c < ncols; c += CT) {
+    const T* panel = kt + (c / CT) * head_dim * CT;
+    V acc[R][2] = {};
+    for (int64_t e = 0; e < head_dim; ++e) {
+      const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
+      for (int rr = 0; rr < R; ++rr) {
+        const T qv = q[rr * head_dim + e];
+        acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
+        acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
+      }
+    }
+    for (int rr = 0; rr < R; ++rr) {
+      vstore(s + rr * s_ld + c, acc[rr][0]);
+      vstore(s + rr * s_ld + c + L, acc[rr][1]);
+      if (rmax) {
+        vm[rr] = acc[rr][0] > vm[rr] ? acc[rr][0] : vm[rr];
+        vm[rr] = acc[rr][1] > vm[rr] ? acc[rr][1] : vm[rr];
+      }
+    }
+  }
+  if (rmax)
+    for (int rr = 0; rr < R; ++rr) {
+      const T m = reduce_max<T>(vm[rr]);
+      rmax[rr] = m > rmax[rr] ? m : rmax[rr];
+    }
+}
+
 // s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);
 // nrows is a multiple of kRowTile (rows are padded) and ncols of kColTile, so the
 // register tile needs no tail. rmax (optional): rmax[r] = the larger of rmax[r] and the
@@ -333,67 +392,61 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
 template <typename T>
 inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
                         int64_t nrows, int64_t ncols, T* rmax = nullptr) {
-  using V = typename VecOf<T>::type;
-  constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
-  for (int64_t r = 0; r < nrows; r += RT) {
-    V vm[RT];
-    for (int rr = 0; rr < RT; ++rr) vm[rr] = V{} - T(__builtin_inf());
-    for (int64_t c = 0; c < ncols; c += CT) {
-      const T* panel = kt + (c / CT) * head_dim * CT;
-      V acc[RT][2] = {};
-      for (int64_t e = 0; e < head_dim; ++e) {
-        const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
-        for (int rr = 0; rr < RT; ++rr) {
-          const T qv = q[(r + rr) * head_dim + e];
-          acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
-          acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
-        }
-      }
-      for (int rr = 0; rr < RT; ++rr) {
-        vstore(s + (r + rr) * s_ld + c, acc[rr][0]);
-        vstore(s + (r + rr) * s_ld + c + L, acc[rr][1]);
-        if (rmax) {
-          vm[rr] = acc[rr][0] > vm[rr] ? acc[rr][0] : vm[rr];
-          vm[rr] = acc[rr][1] > vm[rr] ? acc[rr][1] : vm[rr];
-        }
-      }
-    }
-    if (rmax)
-      for (int rr = 0; rr < RT; ++rr) {
-        const T m = reduce_max<T>(vm[rr]);
-        rmax[r + rr] = m > rmax[r + rr] ? m : rmax[r + rr];
-      }
+  for (int64_t r = 0; r < nrows;) {
+    const int R = tile_rows_next<T>(nrows - r);
+    T* rm = rmax ? rmax + r : nullptr;
+    if (R == kRowTile)
+      scores_rows<T, kRowTile>(q + r * head_dim, head_dim, kt, s + r * s_ld, s_ld, ncols, rm);
+    else
+      scores_rows<T, kWideRowTile<T>>(q + r * head_dim, head_dim, kt, s + r * s_ld, s_ld, ncols,
+                                      rm);
+    r += R;
   }
 }
 
-// acc[r, :] += sum_j p[r, j] * v[j, :] for kRowTile rows at once, multiplying every
-// probability (so only for a block whose values are all finite), over the value panels
-// (pack_values) and the padded width dv_pad: no column tail, so every row of the tile runs the same
-// vector code.
-template <typename T>
-inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
+// pv_tile for R rows.
+template <typename T, int R>
+inline void pv_rows(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
                     int64_t dv_pad, T* acc, int64_t acc_ld) {
   using V = typename VecOf<T>::type;
-  constexpr int RT = kRowTile, L = kLanes<T>, CT = kColTile<T>;
+  constexpr int L = kLanes<T>, CT = kColTile<T>;
   for (int64_t c = 0; c < dv_pad; c += CT) {
     const T* panel = vp + (c / CT) * panel_rows * CT;
-    V a[RT][2];
-    for (int rr = 0; rr < RT; ++rr) {
+    V a[R][2];
+    for (int rr = 0; rr < R; ++rr) {
       a[rr][0] = vload(acc + rr * acc_ld + c);
       a[rr][1] = vload(acc + rr * acc_ld + c + L);
     }
     for (int64_t j = 0; j < n; ++j) {
       const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
-      for (int rr = 0; rr < RT; ++rr) {
+      for (int rr = 0; rr < R; ++rr) {
         const T pj = p[rr * p_ld + j];
         a[rr][0] = vfma(vbroadcast(pj), v0, a[rr][0]);
         a[rr][1] = vfma(vbroadcast(pj), v1, a[rr][1]);
       }
     }
-    for (int rr = 0; rr < RT; ++rr) {
+    for (int rr = 0; rr < R; ++rr) {
       vstore(acc + rr * acc_ld + c, a[rr][0]);
       vstore(acc + rr * acc_ld + c + L, a[rr][1]);
     }
+  }
+}
+
+// acc[r, :] += sum_j p[r, j] * v[j, :] for r < nrows (a multiple of kRowTile), multiplying
+// every probability (so only for a block whose values are all finite), over the value
+// panels (pack_values) and the padded width dv_pad: no column tail, so every row of a tile
+// runs the same vector code.
+template <typename T>
+inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t panel_rows,
+                    int64_t dv_pad, T* acc, int64_t acc_ld, int64_t nrows = kRowTile) {
+  for (int64_t r = 0; r < nrows;) {
+    const int R = tile_rows_next<T>(nrows - r);
+    if (R == kRowTile)
+      pv_rows<T, kRowTile>(p + r * p_ld, p_ld, n, vp, panel_rows, dv_pad, acc + r * acc_ld, acc_ld);
+    else
+      pv_rows<T, kWideRowTile<T>>(p + r * p_ld, p_ld, n, vp, panel_rows, dv_pad, acc + r * acc_ld,
+                                  acc_ld);
+    r += R;
   }
 }
 

@@ -146,17 +146,20 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
                    sc.s + sa(g), kt_ld, nrows, sb(g) - sa(g), ks ? ks + c0 + sa(g) : nullptr,
                    prefetch);
     } else {
-      for (int64_t t = 0; t < tile_rows / RT; ++t) {
+      // Register tiles of equal width in one call (the micro-kernel picks its row tiles).
+      for (int64_t t = 0, t2; t < tile_rows / RT; t = t2) {
+        for (t2 = t + 1; t2 < tile_rows / RT && width[t2] == width[t];) ++t2;
         if (se(g, width[t]) <= sa(g)) continue;
         if constexpr (kDot)
-          scores_tile_bf16(reinterpret_cast<const uint32_t*>(sc.q) + (r0 + t * RT) * ((E + 1) / 2),
-                           E,
-                           reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2),
-                           T(p.scale), sc.s + t * RT * kt_ld + sa(g), kt_ld, RT,
-                           se(g, width[t]) - sa(g), fuse_max ? tile_max + t * RT : nullptr);
+          for (int64_t u = t; u < t2; ++u)
+            scores_tile_bf16(
+                reinterpret_cast<const uint32_t*>(sc.q) + (r0 + u * RT) * ((E + 1) / 2), E,
+                reinterpret_cast<const uint32_t*>(sc.kt) + (c0 + sa(g)) * ((E + 1) / 2), T(p.scale),
+                sc.s + u * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[u]) - sa(g),
+                fuse_max ? tile_max + u * RT : nullptr);
         else
           scores_tile(sc.q + (r0 + t * RT) * E, E, kt + (sa(g) / CT) * E * CT,
-                      sc.s + t * RT * kt_ld + sa(g), kt_ld, RT, se(g, width[t]) - sa(g),
+                      sc.s + t * RT * kt_ld + sa(g), kt_ld, (t2 - t) * RT, se(g, width[t]) - sa(g),
                       fuse_max ? tile_max + t * RT : nullptr);
       }
     }
@@ -290,8 +293,11 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
     for (int64_t r = nrows; r < tile_rows; ++r)
       std::memset(sc.pb + r * pb_ld, 0, size_t(pb_ld) * sizeof(uint32_t));
   for (int64_t g = 0; g < nseg; ++g) {
-    for (int64_t r = 0; r < tile_rows; r += RT) {
-      const int64_t jb = imin(imin(width[r / RT], n), sb(g));
+    const auto jb_of = [&](int64_t r) { return imin(imin(width[r / RT], n), sb(g)); };
+    for (int64_t r = 0, r2; r < tile_rows; r = r2) {
+      const int64_t jb = jb_of(r);
+      // Register tiles of equal width in one call (float products on finite values).
+      for (r2 = r + RT; r2 < tile_rows && *v_finite && !kDot && jb_of(r2) == jb;) r2 += RT;
       if (jb <= sa(g)) continue;
       if (*v_finite) {
         if constexpr (kDot)
@@ -300,9 +306,9 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
                        Eva, acc + r * Eva, Eva);
         else
           pv_tile(sc.s + r * kt_ld + sa(g), kt_ld, jb - sa(g), sc.vp + (c0 + sa(g)) * CT, kt_ld,
-                  Eva, acc + r * Eva, Eva);
+                  Eva, acc + r * Eva, Eva, r2 - r);
       } else {
-        for (int64_t rr = r; rr < imin(r + RT, nrows); ++rr)
+        for (int64_t rr = r; rr < imin(r2, nrows); ++rr)
           pv_row(sc.s + rr * kt_ld + sa(g), jb - sa(g), vb + sa(g) * p.v.row_stride, p.v.row_stride,
                  Ev, acc + rr * Eva, vsb ? vsb + sa(g) : nullptr);
       }
