@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from fastattn import _threads
-from fastattn._checks import check_flag, check_out
+from fastattn._checks import check_flag
 from fastattn._prepare import pack, with_leading_axes
-from fastattn._validation import additive_args, masked_softmax_args, sdpa_args
+from fastattn._validation import additive_args, check_out, masked_softmax_args, sdpa_args
 
 KERNEL_SOURCE = ("cuda", "attention.cu")  # package data, relative to fastattn/
 COMPILE_OPTIONS = ("-std=c++17",)

@@ -40,12 +40,13 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from fastattn import _cpu, _cuda, _threads
-from fastattn._checks import check_flag, check_valid_lens
+from fastattn._checks import check_flag
 from fastattn._cuda import standin
 from fastattn._layer_checks import check_unbatched_mask, head_valid_lens, layer_inputs
 from fastattn._validation import (
     additive_args,
     attention_spec,
+    check_valid_lens,
     masked_softmax_args,
     merge_states_args,
     regression_args,

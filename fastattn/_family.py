@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _cpu, _dispatch, _threads
-from fastattn._checks import check_flag, check_out
+from fastattn._checks import check_flag
 from fastattn._validation import (
     additive_args,
     attention_spec,
+    check_out,
     masked_softmax_args,
     regression_args,
     set_family_sinks,

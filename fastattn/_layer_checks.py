@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastattn._checks import (
-    _FLOAT_DTYPES,
-    check_size,
-    float_array,
-)
+from fastattn._checks import check_size
 from fastattn._dtypes import is_bfloat16
+from fastattn._validation import _FLOAT_DTYPES, float_array
 
 # --------------------------------------------------------------------------------------
 # MultiHeadAttention and its functional twin

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _cpu, _dispatch, _threads
-from fastattn._checks import check_flag, check_out
-from fastattn._validation import merge_states_args, sdpa_args
+from fastattn._checks import check_flag
+from fastattn._validation import check_out, merge_states_args, sdpa_args
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -1,14 +1,18 @@
 """The argument checks of the attention functions, shared by the CPU path, the CUDA path,
-the Dask path and the NumPy twins: each ``*_args`` function checks one call and returns
-its record (:mod:`fastattn._args`).
+the Dask path and the NumPy twins: the array checks (dtype, shape, layout, masks, valid
+lengths, ``out=``), and one ``*_args`` function per public function that checks its call
+and returns its record (:mod:`fastattn._args`). The scalar checks are
+:mod:`fastattn._checks`'s.
 
 The checks read what describes an argument -- shape, dtype, strides, flags, and the values
-of ``valid_lens`` and ``bandwidth`` -- and convert nothing (the shared checks are in
-:mod:`fastattn._checks`). Turning checked arguments into kernel-ready arrays is
-:mod:`fastattn._prepare`'s job. The CUDA and Dask paths run the same checks on NumPy
-stand-ins of their arrays, so errors are the same word for word; only their own rules
-(every array on one device; Dask arrays with known chunks) are checked in
-:mod:`fastattn._cuda` and :mod:`fastattn._dask`.
+of ``valid_lens`` and ``bandwidth`` -- and convert nothing: array_like inputs become
+ndarrays with ``np.asarray`` (no copy for an ndarray), nothing else is allocated.
+Turning checked arguments into kernel-ready arrays is :mod:`fastattn._prepare`'s job. The
+CUDA and Dask paths run the same checks on NumPy stand-ins of their arrays, so errors are
+the same word for word; only their own rules (every array on one device; Dask arrays with
+known chunks) are checked in :mod:`fastattn._cuda` and :mod:`fastattn._dask`. Each message
+names the argument, what it got and what was expected; the semantics they enforce are
+written down in ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -29,25 +33,21 @@ from fastattn._args import (
     VarlenArgs,
 )
 from fastattn._checks import (
-    _FINFO_MAX,
-    _FLOAT_DTYPES,
     _MAX_BATCH_DIMS,
-    _NATIVE_KERNEL_DTYPES,
-    _inverse_power,
-    _weight,
     check_alignment,
-    check_attn_mask,
     check_choice,
     check_flag,
-    check_out,
     check_real,
     check_size,
-    check_valid_lens,
     check_window,
-    float_array,
-    result_dtypes,
 )
 from fastattn._compute import silverman_bandwidth
+from fastattn._dtypes import FLOAT32 as _FLOAT32
+from fastattn._dtypes import is_bfloat16
+
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FINFO_MAX = {d: float(np.finfo(d).max) for d in _FLOAT_DTYPES}
+_NATIVE_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 SCORES = ("dot", "scaled_dot", "general", "cosine", "gaussian", "additive")
 NORMALIZERS = ("softmax", "hardmax", "topk")
@@ -62,6 +62,151 @@ _SCORE_PARAMS = {
     "gaussian": ("bandwidth",),
     "additive": ("w_q", "w_k", "w_v"),
 }
+
+
+# --------------------------------------------------------------------------------------
+# Arrays: dtype, shape, layout
+
+
+def float_array(x: object, name: str, min_ndim: int = 2) -> np.ndarray:
+    """``x`` as a float16/32/64 ndarray of at least ``min_ndim`` dims (no copy if it is one)."""
+    a = np.asarray(x)
+    dt = a.dtype  # native float dtypes first: the common case, without newbyteorder's cost
+    if (
+        dt not in _FLOAT_DTYPES
+        and (dt.kind != "f" or dt.newbyteorder("=") not in _FLOAT_DTYPES)
+        and not is_bfloat16(dt)
+    ):
+        raise TypeError(
+            f"{name} must be a floating-point array (float16, float32 or float64), "
+            f"got dtype {a.dtype}"
+        )
+    if a.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions (..., L, E), got shape {a.shape}"
+        )
+    return a
+
+
+def result_dtypes(*arrays: np.ndarray) -> tuple[np.dtype, np.dtype]:
+    """(dtype of the result, dtype computed in): float16 and bfloat16 are computed in
+    float32. bfloat16 with other dtypes promotes as float32 would (as ``np.result_type``
+    does with ml_dtypes for float32/float64; bfloat16 with float16 gives float32)."""
+    first = arrays[0].dtype  # dtype equality includes the byte order
+    if first in _NATIVE_KERNEL_DTYPES:  # the common case, without np.result_type's cost
+        for a in arrays:
+            if a.dtype != first:
+                break
+        else:
+            return first, first
+    dtypes = [a.dtype for a in arrays]
+    if any(is_bfloat16(d) for d in dtypes):
+        others = [d.newbyteorder("=") for d in dtypes if not is_bfloat16(d)]
+        if not others:
+            return dtypes[0], _FLOAT32
+        result = np.result_type(_FLOAT32, *others)
+        return result, result
+    result = np.result_type(*[d.newbyteorder("=") for d in dtypes])
+    compute = _FLOAT32 if result == np.float16 else result
+    return result, compute
+
+
+def _weight(w: object, name: str, shape: tuple, meaning: str) -> np.ndarray:
+    """A float weight array of exactly ``shape`` (``meaning`` says what its axes are)."""
+    a = float_array(w, name, min_ndim=0)
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {meaning} = {tuple(shape)}, got shape {a.shape}")
+    return a
+
+
+def check_attn_mask(mask: object, name: str, user_shape: tuple) -> np.ndarray:
+    """A bool or float mask broadcastable to ``user_shape`` (the scores the caller sees)."""
+    m = np.asarray(mask)
+    if m.dtype != np.bool_ and m.dtype.kind != "f" and not is_bfloat16(m.dtype):
+        raise TypeError(
+            f"{name} must be a bool array (True = may attend) or a float array added to the "
+            f"scores, got dtype {m.dtype}"
+        )
+    try:
+        if m.ndim > len(user_shape):
+            raise ValueError
+        if np.broadcast_shapes(m.shape, user_shape) != tuple(user_shape):
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"{name} of shape {m.shape} does not broadcast to the attention scores' "
+            f"shape {tuple(user_shape)} (..., Hq, Lq, Lk)"
+        ) from None
+    return m
+
+
+def check_valid_lens(valid_lens: object, rows_shape: tuple, num_keys: int) -> np.ndarray:
+    """Integer lengths whose shape is a leading prefix of ``rows_shape`` (the score rows,
+    (..., Hq, Lq)) with size-1 axes broadcasting, each in ``[0, num_keys]``."""
+    vl = np.asarray(valid_lens)
+    if vl.dtype.kind not in "iu":
+        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
+    rows_shape = tuple(rows_shape)
+    if vl.ndim > len(rows_shape) or any(n not in (1, r) for n, r in zip(vl.shape, rows_shape)):
+        raise ValueError(
+            f"valid_lens of shape {vl.shape} is not a leading prefix of the score rows' shape "
+            f"{rows_shape} (size-1 axes broadcast): e.g. {rows_shape[:1]} for one length per "
+            f"leading entry, or {rows_shape} for one per query row"
+        )
+    if vl.size:
+        lo, hi = int(vl.min()), int(vl.max())
+        if lo < 0 or hi > num_keys:
+            raise ValueError(
+                f"valid_lens must lie in [0, {num_keys}] (the number of keys), "
+                f"got values from {lo} to {hi}"
+            )
+    return vl
+
+
+def may_self_overlap(a: np.ndarray) -> bool:
+    """Whether two elements of ``a`` may share memory (a stride-0 axis of size > 1, or any
+    axes whose strides interleave: each axis, by increasing stride, must step past the whole
+    extent of the smaller ones)."""
+    if a.size == 0:
+        return False
+    extent = a.itemsize
+    for stride, n in sorted((abs(s), n) for s, n in zip(a.strides, a.shape) if n > 1):
+        if stride < extent:
+            return True
+        extent += stride * (n - 1)
+    return False
+
+
+def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.ndarray:
+    """A caller-supplied ``out=`` buffer: exact shape and dtype, writeable, no element
+    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(
+            f"out must have shape {tuple(shape)} and dtype {dtype}, "
+            f"got shape {out.shape} and dtype {out.dtype}"
+        )
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    if may_self_overlap(out):
+        raise ValueError(
+            f"out has overlapping elements (shape {out.shape}, strides {out.strides}): pass a "
+            "buffer whose elements are distinct"
+        )
+    for name, arr in inputs.items():
+        if arr is not None and np.may_share_memory(out, arr):
+            raise ValueError(f"out shares memory with {name}; pass a separate buffer")
+    return out
+
+
+def _inverse_power(x: float, power: int, name: str, dtype: np.dtype, what: str) -> float:
+    """``1 / x**power``, which must be finite in ``dtype`` (x > 0 already checked)."""
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        value = float(np.float64(1.0) / np.float64(x) ** power)
+    if not value <= float(np.finfo(dtype).max):
+        raise ValueError(f"{name} gives {what} = {value:.3g}, which is not finite in {dtype}")
+    return value
 
 
 # --------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _cpu, _cuda, _threads
-from fastattn._checks import check_flag, check_out
-from fastattn._validation import varlen_args
+from fastattn._checks import check_flag
+from fastattn._validation import check_out, varlen_args
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray

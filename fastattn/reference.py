@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _threads
-from fastattn._checks import check_flag, check_out, result_dtypes
+from fastattn._checks import check_flag
 from fastattn._compute import average_heads, split_heads, unit_rows
 from fastattn._dtypes import is_bfloat16
 from fastattn._layer_checks import (
@@ -27,10 +27,12 @@ from fastattn._prepare import attention_masks, head_values, softmax_masks, to_ba
 from fastattn._validation import (
     additive_args,
     attention_spec,
+    check_out,
     masked_softmax_args,
     merge_states_args,
     quantize_args,
     regression_args,
+    result_dtypes,
     sdpa_args,
     set_family_sinks,
     varlen_args,
