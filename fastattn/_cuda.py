@@ -322,6 +322,26 @@ def _check_no_alias(be: Backend, out, inputs: dict) -> None:
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")
 
 
+def _attention_standins(be: Backend, query, key, value, attn_mask, valid_lens) -> tuple:
+    """What the checks read of an attention call on device arrays: stand-ins of q/k/v and
+    the mask, and valid_lens copied to the host (its values are checked)."""
+    return (
+        standin(query),
+        standin(key),
+        standin(value),
+        None if attn_mask is None else standin(attn_mask),
+        None if valid_lens is None else be.to_host(valid_lens),
+    )
+
+
+def _check_device_out(be: Backend, out, args, inputs: dict) -> None:
+    """An ``out=`` device buffer (or None): checked as the CPU path checks one, on its
+    stand-in, and sharing no memory with ``inputs``."""
+    if out is not None:
+        check_out(out_standin(out), args.out_shape, args.result_dtype, {})
+        _check_no_alias(be, out, inputs)
+
+
 def _grid(items: int) -> int:
     return max(1, min(items, MAX_GRID))
 
@@ -484,28 +504,20 @@ def sdpa_forward(
     num_threads=None,
 ):
     """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``."""
-    q_s, k_s, v_s = (standin(a) for a in (query, key, value))
-    mask_s = None if attn_mask is None else standin(attn_mask)
-    lens_host = None if valid_lens is None else be.to_host(valid_lens)
+    inputs = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "attn_mask": attn_mask,
+        "valid_lens": valid_lens,
+    }
     args = sdpa_args(
-        q_s, k_s, v_s, mask_s, lens_host, is_causal, causal_alignment, window, scale, softcap
+        *_attention_standins(be, **inputs), is_causal, causal_alignment, window, scale, softcap
     )
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)  # checked like the CPU path; the GPU ignores it
-    if out is not None:
-        check_out(out_standin(out), args.out_shape, args.result_dtype, {})
-        _check_no_alias(
-            be,
-            out,
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "attn_mask": attn_mask,
-                "valid_lens": valid_lens,
-            },
-        )
+    _check_device_out(be, out, args, inputs)
 
     # Convert before broadcasting so a broadcast input is never materialised.
     q, k, v = (
@@ -553,32 +565,18 @@ def additive_forward(
     """:func:`fastattn.additive_attention` on device arrays of ``be``: the projections
     ``q w_q`` and ``k w_k`` by the array module's matmul, the scores, softmax and values
     by the attention kernel (``w_v . tanh(qp + kp)`` per tile, never ``Lq x Lk x hidden``)."""
-    weights_in = (w_q, w_k, w_v)
-    q_s, k_s, v_s = (standin(a) for a in (query, key, value))
-    w_s = [None if w is None else standin(w) for w in weights_in]
-    mask_s = None if attn_mask is None else standin(attn_mask)
-    lens_host = None if valid_lens is None else be.to_host(valid_lens)
+    q_s, k_s, v_s, mask_s, lens_host = _attention_standins(
+        be, query, key, value, attn_mask, valid_lens
+    )
+    w_s = [None if w is None else standin(w) for w in (w_q, w_k, w_v)]
     args, _ = additive_args(
         q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal, causal_alignment, window
     )
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
-    if out is not None:
-        check_out(out_standin(out), args.out_shape, args.result_dtype, {})
-        _check_no_alias(
-            be,
-            out,
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "w_q": w_q,
-                "w_k": w_k,
-                "w_v": w_v,
-                "attn_mask": attn_mask,
-                "valid_lens": valid_lens,
-            },
-        )
+    inputs = {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k, "w_v": w_v}
+    inputs.update(attn_mask=attn_mask, valid_lens=valid_lens)
+    _check_device_out(be, out, args, inputs)
 
     xp, compute = be.xp, args.compute_dtype
     qp = xp.matmul(_as_dtype(be, with_leading_axes(query, 3), compute), w_q.astype(compute))
@@ -701,16 +699,7 @@ def scaled_dot_product_attention(
             "valid_lens": valid_lens,
         },
     )
-    return sdpa_forward(
-        _cupy_backend(),
-        d["query"],
-        d["key"],
-        d["value"],
-        d["attn_mask"],
-        valid_lens=d["valid_lens"],
-        out=_device_out(cupy, out),
-        **kwargs,
-    )
+    return sdpa_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
 
 
 def additive_attention(
@@ -730,32 +719,13 @@ def additive_attention(
             "valid_lens": valid_lens,
         },
     )
-    return additive_forward(
-        _cupy_backend(),
-        d["query"],
-        d["key"],
-        d["value"],
-        d["w_q"],
-        d["w_k"],
-        d["w_v"],
-        d["attn_mask"],
-        valid_lens=d["valid_lens"],
-        out=_device_out(cupy, out),
-        **kwargs,
-    )
+    return additive_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
 
 
 def masked_softmax(x, valid_lens=None, *, mask=None, out=None, **kwargs):
     cupy = sys.modules["cupy"]
     d = _device_inputs(cupy, {"x": x, "valid_lens": valid_lens, "mask": mask})
-    return softmax_forward(
-        _cupy_backend(),
-        d["x"],
-        d["valid_lens"],
-        mask=d["mask"],
-        out=_device_out(cupy, out),
-        **kwargs,
-    )
+    return softmax_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
 
 
 # --------------------------------------------------------------------------------------

@@ -127,6 +127,31 @@ def _host_or_standin(a):
     return np.asarray(a)
 
 
+def _attention_standins(query, key, value, attn_mask, valid_lens, out, params: dict):
+    """What the checks read of an attention call (q/k/v must be Dask arrays, ``params``
+    NumPy arrays, ``out`` None): the stand-ins of q/k/v, the mask's and lengths' (NumPy
+    ones as they are)."""
+    _require_dask({"query": query, "key": key, "value": value})
+    _host_params(params)
+    _no_out(out)
+    return (
+        standin(query),
+        standin(key),
+        standin(value),
+        _host_or_standin(attn_mask),
+        _host_or_standin(valid_lens),
+    )
+
+
+def _host_params(named: dict) -> None:
+    for name, value in named.items():
+        if is_dask(value):
+            raise TypeError(
+                f"{name} must be a NumPy array (parameters are not chunked), got a Dask "
+                f"array: pass {name}.compute()"
+            )
+
+
 def _as_dask(a, dtype=None):
     """A Dask array (NumPy arrays wrapped in one chunk; rechunked by :func:`_aligned`)."""
     if is_dask(a):
@@ -340,14 +365,8 @@ def scaled_dot_product_attention(
     out=None,
     num_threads=None,
 ):
-    _require_dask({"query": query, "key": key, "value": value})
-    _no_out(out)
     args = sdpa_args(
-        standin(query),
-        standin(key),
-        standin(value),
-        _host_or_standin(attn_mask),
-        _host_or_standin(valid_lens),
+        *_attention_standins(query, key, value, attn_mask, valid_lens, out, {}),
         is_causal,
         causal_alignment,
         window,
@@ -684,15 +703,6 @@ def _attention_block(q, k, v, mask, lens, opts: dict, threads: int):
     return _cpu.attention(spec, opts["weights_out"], None, threads)
 
 
-def _host_params(named: dict) -> None:
-    for name, value in named.items():
-        if is_dask(value):
-            raise TypeError(
-                f"{name} must be a NumPy array (parameters are not chunked), got a Dask "
-                f"array: pass {name}.compute()"
-            )
-
-
 def _family_graph(
     label,
     block,
@@ -744,18 +754,18 @@ def additive_attention(
     out=None,
     num_threads=None,
 ):
-    _require_dask({"query": query, "key": key, "value": value})
-    _host_params({"w_q": w_q, "w_k": w_k, "w_v": w_v})
-    _no_out(out)
+    q, k, v, mask, lens = _attention_standins(
+        query, key, value, attn_mask, valid_lens, out, {"w_q": w_q, "w_k": w_k, "w_v": w_v}
+    )
     args, _ = additive_args(
-        standin(query),
-        standin(key),
-        standin(value),
+        q,
+        k,
+        v,
         w_q,
         w_k,
         w_v,
-        _host_or_standin(attn_mask),
-        _host_or_standin(valid_lens),
+        mask,
+        lens,
         is_causal,
         causal_alignment,
         window,
@@ -797,15 +807,14 @@ def attention(
         raise NotImplementedError(
             "sinks is not supported on Dask arrays (the Dask path has no sinks): pass NumPy arrays"
         )
-    _require_dask({"query": query, "key": key, "value": value})
-    _host_params({n: kwargs[n] for n in ("weight", "w_q", "w_k", "w_v")})
-    _no_out(out)
+    params = {n: kwargs[n] for n in ("weight", "w_q", "w_k", "w_v")}
+    q, k, v, mask, lens = _attention_standins(query, key, value, attn_mask, valid_lens, out, params)
     spec = attention_spec(
-        standin(query),
-        standin(key),
-        standin(value),
-        _host_or_standin(attn_mask),
-        valid_lens=_host_or_standin(valid_lens),
+        q,
+        k,
+        v,
+        mask,
+        valid_lens=lens,
         is_causal=is_causal,
         causal_alignment=causal_alignment,
         window=window,
