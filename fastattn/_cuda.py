@@ -493,17 +493,15 @@ def sdpa_forward(
     attn_mask=None,
     *,
     valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
     return_lse=False,
     return_weights=False,
     out=None,
     num_threads=None,
+    **options,
 ):
-    """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``."""
+    """:func:`fastattn.scaled_dot_product_attention` on device arrays of ``be``; ``options``
+    (is_causal, causal_alignment, window, scale, softcap) as the public function takes
+    them."""
     inputs = {
         "query": query,
         "key": key,
@@ -511,9 +509,7 @@ def sdpa_forward(
         "attn_mask": attn_mask,
         "valid_lens": valid_lens,
     }
-    args = sdpa_args(
-        *_attention_standins(be, **inputs), is_causal, causal_alignment, window, scale, softcap
-    )
+    args = sdpa_args(*_attention_standins(be, **inputs), **options)
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)  # checked like the CPU path; the GPU ignores it
@@ -555,23 +551,20 @@ def additive_forward(
     attn_mask=None,
     *,
     valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
     return_weights=False,
     out=None,
     num_threads=None,
+    **options,
 ):
-    """:func:`fastattn.additive_attention` on device arrays of ``be``: the projections
+    """:func:`fastattn.additive_attention` on device arrays of ``be`` (``options``:
+    is_causal, causal_alignment, window, as the public function takes them): the projections
     ``q w_q`` and ``k w_k`` by the array module's matmul, the scores, softmax and values
     by the attention kernel (``w_v . tanh(qp + kp)`` per tile, never ``Lq x Lk x hidden``)."""
     q_s, k_s, v_s, mask_s, lens_host = _attention_standins(
         be, query, key, value, attn_mask, valid_lens
     )
     w_s = [None if w is None else standin(w) for w in (w_q, w_k, w_v)]
-    args, _ = additive_args(
-        q_s, k_s, v_s, *w_s, mask_s, lens_host, is_causal, causal_alignment, window
-    )
+    args, _ = additive_args(q_s, k_s, v_s, *w_s, mask_s, lens_host, **options)
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
     inputs = {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k, "w_v": w_v}

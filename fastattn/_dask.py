@@ -355,24 +355,16 @@ def scaled_dot_product_attention(
     attn_mask=None,
     *,
     valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
-    scale=None,
-    softcap=None,
     return_lse=False,
     return_weights=False,
     out=None,
     num_threads=None,
+    **options,
 ):
-    args = sdpa_args(
-        *_attention_standins(query, key, value, attn_mask, valid_lens, out, {}),
-        is_causal,
-        causal_alignment,
-        window,
-        scale,
-        softcap,
-    )
+    """The graph of a scaled_dot_product_attention call; ``options`` (is_causal,
+    causal_alignment, window, scale, softcap) as the public function takes them."""
+    seen = _attention_standins(query, key, value, attn_mask, valid_lens, out, {})
+    args = sdpa_args(*seen, **options)
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     if num_threads is not None:
@@ -747,29 +739,17 @@ def additive_attention(
     attn_mask=None,
     *,
     valid_lens=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    window=None,
     return_weights=False,
     out=None,
     num_threads=None,
+    **options,
 ):
+    """The graph of an additive_attention call; ``options`` (is_causal, causal_alignment,
+    window) as the public function takes them."""
     q, k, v, mask, lens = _attention_standins(
         query, key, value, attn_mask, valid_lens, out, {"w_q": w_q, "w_k": w_k, "w_v": w_v}
     )
-    args, _ = additive_args(
-        q,
-        k,
-        v,
-        w_q,
-        w_k,
-        w_v,
-        mask,
-        lens,
-        is_causal,
-        causal_alignment,
-        window,
-    )
+    args, _ = additive_args(q, k, v, w_q, w_k, w_v, mask, lens, **options)
     return _family_graph(
         "additive",
         _additive_block,

@@ -382,12 +382,12 @@ def sdpa_args(
     key,
     value,
     attn_mask,
-    valid_lens,
-    is_causal,
-    causal_alignment,
-    window,
-    scale,
-    softcap,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
+    scale=None,
+    softcap=None,
     sinks=None,
     alibi_slopes=None,
     key_scale=None,
@@ -635,7 +635,17 @@ def additive_weights(w_q, w_k, w_v, dim_q: int, dim_k: int) -> AdditiveWeights:
 
 
 def additive_args(
-    query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
+    query,
+    key,
+    value,
+    w_q,
+    w_k,
+    w_v,
+    attn_mask=None,
+    valid_lens=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    window=None,
 ) -> tuple[SdpaArgs, AdditiveWeights]:
     ws = [
         float_array(w, n, min_ndim=0)
