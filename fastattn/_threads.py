@@ -2,8 +2,12 @@
 
 Order of precedence: a call's ``num_threads=``; then :func:`set_num_threads`; then the
 environment variable ``FASTATTN_NUM_THREADS``, then ``OMP_NUM_THREADS``; then the CPUs
-this process may run on. Each kernel call passes its count explicitly to its OpenMP
-region, so calls made from other Python threads honour the setting too.
+this process may run on now (its affinity, bounded by a cgroup CPU quota: read by the core
+on each call, so a change after import counts). A count is capped at 4 per CPU, and is 1
+in a child made by ``os.fork()``. The rule lives in the core (``_core.default_threads``),
+which the common call's fast path applies without Python; this module holds the setting
+and parses the environment forms the core leaves to it. Each kernel call passes its count
+explicitly to its OpenMP region, so calls made from other Python threads honour it too.
 """
 
 from __future__ import annotations
@@ -22,24 +26,20 @@ _env_seen: tuple = ()  # (raw values, the count they gave): the last environment
 
 
 def _from_environment() -> int:
-    """The count the environment asks for; parsed again only when a variable changed."""
+    """The count the environment asks for (the CPUs available when it asks for none)."""
     global _env_seen
     raws = _core.thread_environment()  # as os.environ has them; cheaper than os.environ.get
-    if raws == (None, None):
-        return _available_cpus()
     if not (_env_seen and _env_seen[0] == raws):
         _env_seen = (raws, _parse_environment())
-    return _env_seen[1]
+    return _env_seen[1] or _available_cpus()
 
 
 def _available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return _core.available_cpus()
 
 
 def _parse_environment() -> int:
+    """The environment's count, or 0 when it sets none."""
     for var in ("FASTATTN_NUM_THREADS", "OMP_NUM_THREADS"):
         raw = os.environ.get(var, "").strip()
         if raw:
@@ -50,18 +50,22 @@ def _parse_environment() -> int:
                 raise ValueError(
                     f"environment variable {var}={raw!r} is not a positive integer"
                 ) from None
-    return _available_cpus()
+    return 0
 
 
 def get_num_threads() -> int:
     """Return the number of threads fastattn's kernels use when a call does not say.
 
+    That is the :func:`set_num_threads` setting, else the environment's, else the CPUs
+    this process may run on now; at most 4 per CPU, and 1 in a child made by ``os.fork()``.
+    Calls of little work run on one thread whatever this says, and so do calls made while
+    other processes hold the cores (see the "Threads and processes" page of the docs).
+
     >>> import fastattn
     >>> fastattn.get_num_threads() >= 1
     True
     """
-    setting = _setting
-    return setting if setting is not None else _from_environment()
+    return resolve(None)
 
 
 class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
@@ -85,6 +89,7 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
     def __init__(self, n: int | None) -> None:
         global _setting
         value = None if n is None else check_size(n, "n", noun="an integer")
+        # Checked before anything changes; the core holds it capped (a C int).
         with _lock:
             self._previous = _setting
             _setting = value
@@ -105,27 +110,10 @@ class set_num_threads:  # noqa: N801 - used like a function, like numexpr/torch
 _CAP = 4 * max(1, os.cpu_count() or 1)
 
 
-_forked_child = False
-
-
-def _after_fork_in_child() -> None:
-    # GNU OpenMP's thread pool does not survive fork(): a parallel region in the child would
-    # hang. The child runs single-threaded instead (results do not depend on thread count).
-    global _forked_child
-    _forked_child = True
-    _push_defaults()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _push_defaults() -> None:
-    """Tell the core's fast path (which resolves a call's count without Python) this
-    module's state: the setting, the cap, the CPUs and whether this is a forked child."""
-    _core.set_thread_defaults(
-        setting=_setting or 0, cap=_CAP, cpus=_available_cpus(), forked=_forked_child
-    )
+    """Tell the core (whose fast path resolves a call's count without Python) the setting
+    and the cap; a setting above the cap runs capped anyway, so it is pushed capped."""
+    _core.set_thread_defaults(setting=min(_setting or 0, _CAP), cap=_CAP)
 
 
 _push_defaults()
@@ -133,12 +121,16 @@ _push_defaults()
 
 def resolve(num_threads: int | None) -> int:
     """The thread count for one call (validating a per-call ``num_threads=``), capped at
-    4 per CPU; 1 in a child process created by ``os.fork()``."""
+    4 per CPU; 1 in a child process created by ``os.fork()`` (OpenMP's thread pool does
+    not survive a fork; the core notices the fork itself)."""
     if num_threads is None:
+        n = _core.default_threads()  # -1: an environment form only Python parses
+        if n > 0:
+            return n
         n = _setting if _setting is not None else _from_environment()
     else:
         n = check_size(num_threads, "num_threads", noun="an integer")
-    return 1 if _forked_child else min(n, _CAP)
+    return 1 if _core.in_forked_child() else min(n, _CAP)
 
 
 def _register_threadpoolctl() -> None:

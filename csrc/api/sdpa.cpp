@@ -5,6 +5,7 @@
 
 #include "api/errors.h"
 #include "api/params.h"
+#include "api/threads.h"
 #include "dispatch/isa.h"
 
 namespace fastattn {
@@ -17,6 +18,11 @@ namespace {
 // min-of-25 per call, num_threads=1 against 2: Lk = 64 (65k) 1 thread 10 % faster, Lk =
 // 128 (131k) even, Lk = 256 (262k) 2 threads 25 % faster. Results do not depend on it.
 constexpr double kOneThreadWork = 1 << 17;
+// Calls of fewer multiply-adds than this (a few milliseconds on one core) run on one thread
+// while worker threads are marked late (api/threads.h): a scheduler time slice spent
+// waiting for a worker would cost them several times their work. Larger calls keep their
+// team, whose wait is a small share of them.
+constexpr double kShareWork = double(1 << 25);
 
 // A per-key scale of int8 keys/values: float32 of shape key.shape[:-1], unit stride along
 // the keys.
@@ -47,7 +53,9 @@ int threads_for(const AttnParams& p) {
 }  // namespace
 
 int threads_for_work(double multiply_adds, int num_threads) {
-  return multiply_adds < kOneThreadWork ? 1 : num_threads;
+  if (multiply_adds < kOneThreadWork) return 1;
+  const int n = resolve_available(num_threads);
+  return multiply_adds < kShareWork ? team_threads(n) : n;
 }
 
 void check_sdpa(const SdpaCall& c, const char* fn, SdpaParams* out) {

@@ -33,7 +33,8 @@ int64_t summarise_bool_mask(const void* data, const int64_t* shape, int64_t ndim
                             std::vector<uint64_t>* words, int64_t* row_words);
 
 // The threads an SDPA-like call of this many multiply-adds runs on: 1 below the size where
-// waking a second thread costs more than it saves, else num_threads.
+// waking a second thread costs more than it saves, else num_threads (kAvailableCpus: the
+// CPUs available now, api/threads.h), capped.
 int threads_for_work(double multiply_adds, int num_threads);
 
 }  // namespace fastattn

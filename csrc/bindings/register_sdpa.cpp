@@ -10,6 +10,7 @@
 
 #include "api/merge_states.h"
 #include "api/sdpa.h"
+#include "api/threads.h"
 #include "bindings/array_ref.h"
 #include "bindings/attention_args.h"
 
@@ -26,16 +27,15 @@ namespace fastattn {
 
 namespace {
 
-// The thread count a call without num_threads= gets, mirroring fastattn/_threads.py: its
-// setting (pushed by set_thread_defaults), else the environment, else the CPUs. The
-// environment is read with getenv on each call and parsed again only when it changed.
+// The thread count a call without num_threads= gets, the one rule of fastattn/_threads.py
+// (which calls default_threads below): the set_num_threads setting (pushed by
+// set_thread_defaults), else the environment, else the CPUs available (kAvailableCpus:
+// read when the call is large enough to use them, api/threads.h). The environment is read
+// with getenv on each call and parsed again only when it changed.
 struct ThreadDefaults {
   int setting = 0;  // set_num_threads(); 0 = follow the environment
-  int cap = 1;      // at most 4 threads per CPU
-  int cpus = 1;     // CPUs this process may run on
-  bool forked = false;
   // The last environment parsed: FASTATTN_NUM_THREADS and OMP_NUM_THREADS (null if
-  // unset), and the count they gave (-1: a form left to the Python parser).
+  // unset), and the count they gave (0: neither set; -1: a form left to the Python parser).
   bool seen = false, set_fa = false, set_omp = false;
   std::string fa, omp;
   int parsed = -1;
@@ -80,16 +80,25 @@ int environment_threads() {
       t.parsed = parse_threads(raw);
       if (t.parsed != 0) break;
     }
-    if (t.parsed == 0) t.parsed = t.cpus;
   }
   return t.parsed;
 }
 
-// The resolved count (as _threads.resolve), or -1 to decline.
+// The default count before the cap: the setting, the environment's, kAvailableCpus, or -1
+// for an environment form left to the Python parser.
+int default_threads() {
+  if (g_threads.setting > 0) return g_threads.setting;
+  const int env = environment_threads();
+  return env == 0 ? kAvailableCpus : env;
+}
+
+// The resolved count (as _threads.resolve; kAvailableCpus left for the kernels' call to
+// resolve), or -1 to decline.
 int resolve_threads(PyObject* num_threads) {
   int n;
   if (num_threads == Py_None) {
-    n = g_threads.setting > 0 ? g_threads.setting : environment_threads();
+    n = default_threads();
+    if (n == kAvailableCpus) return in_forked_child() ? 1 : n;
   } else {
     if (!PyLong_CheckExact(num_threads)) return -1;  // bools and the like: Python's rules
     const long v = PyLong_AsLong(num_threads);
@@ -100,7 +109,7 @@ int resolve_threads(PyObject* num_threads) {
     n = int(v);
   }
   if (n < 1) return -1;
-  return g_threads.forked ? 1 : std::min(n, g_threads.cap);
+  return resolve_available(n);
 }
 
 enum FastArg {
@@ -203,7 +212,7 @@ bool fast_call(PyObject** slot, SdpaCall* call, int64_t* diag_from_len, double* 
   *default_scale = scale == Py_None;
   if (scale != Py_None) call->scale = PyFloat_AS_DOUBLE(scale);
   const int threads = resolve_threads(slot[kNumThreads]);
-  if (threads < 1) return false;
+  if (threads < 1 && threads != kAvailableCpus) return false;
   call->num_threads = threads;
   for (int i : {kQuery, kKey, kValue})
     if (Py_TYPE(slot[i]) != reinterpret_cast<PyTypeObject*>(g_ndarray)) return false;
@@ -265,6 +274,12 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
     out_shape[nd - 1] = call.value.shape[nd - 1];
     const int64_t e = call.query.shape[nd - 1];
     if (default_scale) call.scale = e > 0 ? 1.0 / std::sqrt(double(e)) : 0.0;
+    if (call.num_threads == kAvailableCpus) {  // the CPUs, read only if they can be used
+      double work = double(call.query.shape[nd - 2]) * double(call.key.shape[nd - 2]) *
+                    double(e + out_shape[nd - 1]);
+      for (int64_t d = 0; d < nd - 2; ++d) work *= double(out_shape[d]);
+      call.num_threads = threads_for_work(work, kAvailableCpus);
+    }
     if (bottom_right) call.diag_offset = call.key.shape[nd - 2] - call.query.shape[nd - 2];
     if (!head_option(slot[kSinks], "sinks", out_shape, &call.sinks) ||
         !head_option(slot[kAlibiSlopes], "alibi_slopes", out_shape, &call.alibi))
@@ -386,15 +401,33 @@ void register_sdpa(py::module_& m) {
       "unset).");
   m.def(
       "set_thread_defaults",
-      [](int setting, int cap, int cpus, bool forked) {
+      [](int setting, int cap) {
         g_threads.setting = setting;
-        g_threads.cap = cap;
-        g_threads.cpus = cpus;
-        g_threads.forked = forked;
+        set_thread_cap(cap);
         g_threads.seen = false;  // parse the environment again
       },
-      py::arg("setting"), py::arg("cap"), py::arg("cpus"), py::arg("forked"),
+      py::arg("setting"), py::arg("cap"),
       "What a call without num_threads= runs with (fastattn/_threads.py pushes it).");
+  m.def(
+      "default_threads",
+      [] {
+        const int n = default_threads();
+        return n == -1 ? -1 : resolve_available(n);
+      },
+      "The thread count a call without num_threads= gets (capped, 1 in a forked child), or "
+      "-1 when the environment holds a form only fastattn/_threads.py parses.");
+  m.def("available_cpus", &available_cpus,
+        "The CPUs this process may run on now (affinity, bounded by a cgroup CPU quota).");
+  m.def("cpus_of_quota", &cpus_of_quota, py::arg("text"),
+        "The CPUs a cgroup cpu.max text allows (0: no limit); for tests.");
+  m.def("in_forked_child", &in_forked_child,
+        "Whether this process was made by fork() after fastattn loaded.");
+  m.def("team_reset", &team_reset, py::arg("contended"),
+        "Clear the record of late worker threads, or mark the team contended (for tests).");
+  m.def("team_watch", &team_watch, py::arg("on"),
+        "Whether small calls heed the late-worker mark (on by default; off for A/B timings).");
+  m.def("team_contended", &team_contended,
+        "Whether calls now run on one thread because worker threads started late.");
 }
 
 }  // namespace fastattn

@@ -6,21 +6,49 @@
 // prange around the C API): there an orphaned `omp for` would bind to the caller's team and
 // share out this call's iterations among threads running other calls, so the body gets a
 // team of its own as before.
+//
+// Sharing the machine (api/threads.h): each region notes how late its workers started. A
+// worker that cannot get a core (another process holds it) makes the region wait at its
+// closing barrier for a scheduler time slice; after such a region the next small calls run
+// on one thread for a while (threads_for_work asks team_threads), so a call costs its work
+// on the core it has. Results do not depend on the thread count.
 #pragma once  // per translation unit
 
 #include <omp.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "api/threads.h"
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
 template <typename Body>
 inline void parallel_region(int threads, Body&& body) {
-  if (threads <= 1 && !omp_in_parallel()) {
+  const bool nested = omp_in_parallel();
+  if (threads <= 1 && !nested) {
     body();
     return;
   }
+  if (nested) {
 #pragma omp parallel num_threads(threads)
-  body();
+    body();
+    return;
+  }
+  const int64_t start = now_ns();
+  std::atomic<int64_t> latest{0};
+#pragma omp parallel num_threads(threads)
+  {
+    if (omp_get_thread_num() != 0) {
+      const int64_t lag = now_ns() - start;
+      int64_t seen = latest.load(std::memory_order_relaxed);
+      while (lag > seen && !latest.compare_exchange_weak(seen, lag, std::memory_order_relaxed)) {
+      }
+    }
+    body();
+  }
+  team_report(threads, latest.load(std::memory_order_relaxed), now_ns() - start);
 }
 
 }  // namespace FASTATTN_ISA_NS

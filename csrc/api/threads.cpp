@@ -1,0 +1,172 @@
+#include "api/threads.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#elif !defined(_WIN32)
+#include <pthread.h>
+#include <unistd.h>
+#endif
+
+namespace fastattn {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int cpus_of_quota(const char* text) {
+  char quota[32] = {0};
+  long long period = 0;
+  if (std::sscanf(text, "%31s %lld", quota, &period) != 2 || period <= 0) return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota, &end, 10);
+  if (end == quota || *end != '\0' || q <= 0) return 0;  // "max", -1, or not a number
+  return int(std::min<long long>((q + period - 1) / period, 1 << 20));
+}
+
+namespace {
+
+std::atomic<int> g_cap{1};
+std::atomic<bool> g_forked{false};
+
+#if defined(__linux__)
+std::string read_small_file(const std::string& path) {
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[512];
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    text.assign(buf, n);
+  }
+  return text;
+}
+
+// The tightest CPU quota of this process's cgroup and its ancestors (v2), or of its v1 cpu
+// controller; 0 if none.
+int cgroup_cpus() {
+  int best = 0;
+  auto take = [&](int c) {
+    if (c > 0 && (best == 0 || c < best)) best = c;
+  };
+  const std::string self = read_small_file("/proc/self/cgroup");
+  size_t pos = 0;
+  while (pos < self.size()) {
+    size_t eol = self.find('\n', pos);
+    if (eol == std::string::npos) eol = self.size();
+    const std::string line = self.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.rfind("0::", 0) == 0) {  // v2: cpu.max along the path up to the root
+      std::string path = line.substr(3);
+      while (true) {
+        take(cpus_of_quota(read_small_file("/sys/fs/cgroup" + path + "/cpu.max").c_str()));
+        if (path.empty() || path == "/") break;
+        path = path.substr(0, path.rfind('/'));
+      }
+    }
+  }
+  for (const char* dir : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"}) {  // v1
+    const std::string q = read_small_file(std::string(dir) + "/cpu.cfs_quota_us");
+    const std::string p = read_small_file(std::string(dir) + "/cpu.cfs_period_us");
+    if (!q.empty() && !p.empty()) {
+      take(cpus_of_quota((q.substr(0, q.find('\n')) + " " + p).c_str()));
+      break;
+    }
+  }
+  return best;
+}
+#endif
+
+std::atomic<int64_t> g_quota_read_at{INT64_MIN};
+std::atomic<int> g_quota_cpus{0};
+
+struct ForkWatch {
+  ForkWatch() {
+#if !defined(_WIN32)
+    pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
+#endif
+  }
+} g_fork_watch;
+
+// The team record (see team_threads).
+constexpr int64_t kFirstMark = 50'000'000, kLongestMark = 1'600'000'000;
+// A worker that starts this late, and later than a quarter of the region, was waiting for
+// a core: an idle worker sleeping in the kernel wakes within tens of microseconds.
+constexpr int64_t kLateStart = 200'000;
+std::atomic<int64_t> g_contended_until{0};
+std::atomic<int64_t> g_mark{kFirstMark};
+std::atomic<bool> g_watch{true};
+
+}  // namespace
+
+int available_cpus() {
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  const int64_t now = now_ns();
+  if (now - g_quota_read_at.load(std::memory_order_relaxed) > 1'000'000'000) {
+    g_quota_read_at.store(now, std::memory_order_relaxed);
+    g_quota_cpus.store(cgroup_cpus(), std::memory_order_relaxed);
+  }
+  const int quota = g_quota_cpus.load(std::memory_order_relaxed);
+  if (quota > 0 && (n == 0 || quota < n)) n = quota;
+#elif !defined(_WIN32)
+  n = int(sysconf(_SC_NPROCESSORS_ONLN));
+#endif
+  return std::max(1, n);
+}
+
+bool in_forked_child() { return g_forked.load(std::memory_order_relaxed); }
+int thread_cap() { return g_cap.load(std::memory_order_relaxed); }
+void set_thread_cap(int cap) { g_cap.store(std::max(1, cap), std::memory_order_relaxed); }
+
+int resolve_available(int n) {
+  if (in_forked_child()) return 1;
+  if (n == kAvailableCpus) n = available_cpus();
+  return std::max(1, std::min(n, thread_cap()));
+}
+
+int team_threads(int requested) {
+  if (requested <= 1 || !g_watch.load(std::memory_order_relaxed)) return requested;
+  const int64_t until = g_contended_until.load(std::memory_order_relaxed);
+  return until != 0 && now_ns() < until ? 1 : requested;
+}
+
+void team_report(int threads, int64_t latest_start_ns, int64_t region_ns) {
+  if (threads <= 1) return;
+  const bool late = latest_start_ns > kLateStart && 4 * latest_start_ns > region_ns;
+  const int64_t until = g_contended_until.load(std::memory_order_relaxed);
+  const int64_t now = now_ns();
+  if (late) {
+    // Late again after a mark ran out: the other processes are still there, wait longer.
+    const int64_t mark = until != 0
+                             ? std::min(2 * g_mark.load(std::memory_order_relaxed), kLongestMark)
+                             : kFirstMark;
+    g_mark.store(mark, std::memory_order_relaxed);
+    g_contended_until.store(now + mark, std::memory_order_relaxed);
+  } else if (until != 0 && now >= until) {  // (a region begun before the mark says nothing)
+    g_mark.store(kFirstMark, std::memory_order_relaxed);
+    g_contended_until.store(0, std::memory_order_relaxed);
+  }
+}
+
+void team_reset(bool contended) {
+  g_mark.store(kFirstMark);
+  g_contended_until.store(contended ? now_ns() + kLongestMark : 0);
+}
+
+void team_watch(bool on) { g_watch.store(on); }
+
+bool team_contended() { return g_contended_until.load(std::memory_order_relaxed) != 0; }
+
+}  // namespace fastattn

@@ -1,0 +1,54 @@
+// Threads and the machine, shared by every kernel call (not per ISA): the CPUs this process
+// may use now, whether it is a forked child, the per-call thread cap, and the record of
+// whether worker threads have been getting a core (parallel-inl.h reads it).
+#pragma once
+
+#include <cstdint>
+
+namespace fastattn {
+
+// The CPUs this process may run on now: its affinity mask (read on every call: a job
+// scheduler or container may narrow it after import), bounded by a cgroup CPU quota
+// (rounded up; the quota file is read again at most once a second). At least 1.
+int available_cpus();
+
+// The CPUs a cgroup quota allows, from the text of cgroup v2's cpu.max ("max 100000" or
+// "150000 100000") or "quota period" of v1 (quota -1 = none): ceil(quota / period), or 0
+// for no limit or text it does not recognise.
+int cpus_of_quota(const char* text);
+
+// Whether this process was made by fork() after the library loaded (OpenMP's thread pool
+// does not survive a fork: calls there run on one thread).
+bool in_forked_child();
+
+// At most this many threads per call (4 per CPU; set by fastattn/_threads.py).
+int thread_cap();
+void set_thread_cap(int cap);
+
+// A num_threads meaning "the CPUs available", resolved by resolve_available only when a
+// call is large enough to use more than one thread (reading the affinity is a system call,
+// a visible share of the smallest calls).
+constexpr int kAvailableCpus = -2;
+// n itself, or for kAvailableCpus the CPUs available; capped; 1 in a forked child.
+int resolve_available(int n);
+
+// Monotonic nanoseconds.
+int64_t now_ns();
+
+// Whether worker threads have been getting a core. A parallel region whose workers started
+// late (another process held the cores) marks the team contended for a while, during which
+// team_threads gives 1 (threads_for_work asks it for calls of up to a few milliseconds): a
+// call then costs its work on the core it has, not a scheduler time slice spent waiting for
+// a worker that cannot run. The mark lasts 50 ms, doubling (up to 1.6 s) while regions after
+// it find the workers late again; a region whose workers start on time clears it.
+int team_threads(int requested);
+// After a region of `threads` threads: the latest start of a worker and the region's
+// length, both from the region's start.
+void team_report(int threads, int64_t latest_start_ns, int64_t region_ns);
+// For tests: clear the record; or mark the team contended now.
+void team_reset(bool contended);
+// For measurements (bench/shared_cores.py): whether team_threads heeds the mark (default on).
+void team_watch(bool on);
+bool team_contended();
+
+}  // namespace fastattn
