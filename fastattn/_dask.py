@@ -927,18 +927,25 @@ def _heads(x, num_heads: int):
 def multihead_attention(
     layer,
     query,
-    key,
-    value,
-    attn_mask,
-    valid_lens,
-    is_causal,
-    need_weights,
-    kv_cache,
-    num_threads,
+    key=None,
+    value=None,
+    *,
+    attn_mask=None,
+    valid_lens=None,
+    is_causal=False,
+    need_weights=False,
+    average_attn_weights=True,
+    kv_cache=None,
+    num_threads=None,
 ):
     """``layer(query, key, value, ...)`` on Dask arrays: the projections row-block by
     row-block, the attention by :func:`scaled_dot_product_attention`'s graph (keys may be
-    chunked). No KV cache, no weights."""
+    chunked). No KV cache, no weights (so ``average_attn_weights`` is not read), no sinks."""
+    if layer.sinks is not None:
+        raise NotImplementedError(
+            "a layer with sinks (use_sinks=True) is not supported on Dask arrays (the "
+            "Dask path has no sinks): pass NumPy arrays"
+        )
     key = query if key is None else key
     value = key if value is None else value
     _require_dask({"query": query, "key": key, "value": value})

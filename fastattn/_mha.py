@@ -425,25 +425,9 @@ class MultiHeadAttention:
         ``(out, weights)`` when ``need_weights``.
         """
         if _dispatch.backend(query, key, value, attn_mask, valid_lens) == "dask":
-            if self._sinks is not None:
-                raise NotImplementedError(
-                    "a layer with sinks (use_sinks=True) is not supported on Dask arrays (the "
-                    "Dask path has no sinks): pass NumPy arrays"
-                )
-            from fastattn import _dask  # a lazy graph: projections and attention per block
-
-            return _dask.multihead_attention(
-                self,
-                query,
-                key,
-                value,
-                attn_mask,
-                valid_lens,
-                is_causal,
-                need_weights,
-                kv_cache,
-                num_threads,
-            )
+            # A lazy graph: projections and attention per block; the call handed on whole.
+            call = _dispatch.forwarded(MultiHeadAttention.__call__, locals())
+            return _dispatch.engine("dask").multihead_attention(call.pop("self"), **call)
         # One errstate for the whole call (NaN/inf inputs propagate quietly through the
         # projections, as through the kernel) rather than one per projection.
         with np.errstate(invalid="ignore", over="ignore"):
