@@ -431,121 +431,99 @@ class MultiHeadAttention:
         # One errstate for the whole call (NaN/inf inputs propagate quietly through the
         # projections, as through the kernel) rather than one per projection.
         with np.errstate(invalid="ignore", over="ignore"):
-            return self._forward(
-                query,
-                key,
-                value,
-                attn_mask,
-                valid_lens,
-                is_causal,
-                need_weights,
-                average_attn_weights,
-                kv_cache,
-                num_threads,
+            q_in, k_in, v_in, batched = layer_inputs(
+                query, key, value, self.embed_dim, self.kdim, self.vdim
             )
+            causal = check_flag(is_causal, "is_causal")
+            want_weights = check_flag(need_weights, "need_weights")
+            average = check_flag(average_attn_weights, "average_attn_weights")
+            check_unbatched_mask(attn_mask, batched)
+            b, num_q = q_in.shape[0], q_in.shape[1]
+            vl = head_valid_lens(valid_lens, b, num_q, batched)
+            dt = self.dtype
+            q_in, k_in, v_in = (a.astype(dt, copy=False) for a in (q_in, k_in, v_in))
 
-    def _forward(
-        self,
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        need_weights,
-        average_attn_weights,
-        kv_cache,
-        num_threads,
-    ):
-        q_in, k_in, v_in, batched = layer_inputs(
-            query, key, value, self.embed_dim, self.kdim, self.vdim
-        )
-        causal = check_flag(is_causal, "is_causal")
-        want_weights = check_flag(need_weights, "need_weights")
-        average = check_flag(average_attn_weights, "average_attn_weights")
-        check_unbatched_mask(attn_mask, batched)
-        b, num_q = q_in.shape[0], q_in.shape[1]
-        vl = head_valid_lens(valid_lens, b, num_q, batched)
-        dt = self.dtype
-        q_in, k_in, v_in = (a.astype(dt, copy=False) for a in (q_in, k_in, v_in))
-
-        q = split_heads(self.q_proj._apply(q_in), self.num_heads)
-        if kv_cache is None:
-            k = split_heads(self.k_proj._apply(k_in), self.num_kv_heads)
-            v = split_heads(self.v_proj._apply(v_in), self.num_kv_heads)
-            alignment = "top_left"
-        else:
-            start, stop = kv_cache_rows(
-                kv_cache, KVCache, (self.num_kv_heads, self.head_dim, self.dtype), b, k_in.shape[1]
-            )
-            rows = slice(start, stop)
-            if kv_cache.quantized:
-                # The new positions projected, then quantised into the cache's rows.
-                for proj, x, store, scales in (
-                    (self.k_proj, k_in, kv_cache._key, kv_cache._key_scale),
-                    (self.v_proj, v_in, kv_cache._value, kv_cache._value_scale),
-                ):
-                    fresh = np.empty((b, self.num_kv_heads, stop - start, self.head_dim), dt)
-                    store[:, :, rows], scales[:, :, rows] = quantize_kv(
-                        proj.into_heads(x, self.num_kv_heads, fresh)
-                    )
-                scaled = {
-                    "key_scale": kv_cache._key_scale[:, :, :stop],
-                    "value_scale": kv_cache._value_scale[:, :, :stop],
-                }
+            q = split_heads(self.q_proj._apply(q_in), self.num_heads)
+            if kv_cache is None:
+                k = split_heads(self.k_proj._apply(k_in), self.num_kv_heads)
+                v = split_heads(self.v_proj._apply(v_in), self.num_kv_heads)
+                alignment = "top_left"
             else:
-                # Project the new positions straight into the cache's rows.
-                self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, rows])
-                self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, rows])
-            k = kv_cache._key[:, :, :stop]
-            v = kv_cache._value[:, :, :stop]
-            alignment = "bottom_right"
+                start, stop = kv_cache_rows(
+                    kv_cache,
+                    KVCache,
+                    (self.num_kv_heads, self.head_dim, self.dtype),
+                    b,
+                    k_in.shape[1],
+                )
+                rows = slice(start, stop)
+                if kv_cache.quantized:
+                    # The new positions projected, then quantised into the cache's rows.
+                    for proj, x, store, scales in (
+                        (self.k_proj, k_in, kv_cache._key, kv_cache._key_scale),
+                        (self.v_proj, v_in, kv_cache._value, kv_cache._value_scale),
+                    ):
+                        fresh = np.empty((b, self.num_kv_heads, stop - start, self.head_dim), dt)
+                        store[:, :, rows], scales[:, :, rows] = quantize_kv(
+                            proj.into_heads(x, self.num_kv_heads, fresh)
+                        )
+                    scaled = {
+                        "key_scale": kv_cache._key_scale[:, :, :stop],
+                        "value_scale": kv_cache._value_scale[:, :, :stop],
+                    }
+                else:
+                    # Project the new positions straight into the cache's rows.
+                    self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, rows])
+                    self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, rows])
+                k = kv_cache._key[:, :, :stop]
+                v = kv_cache._value[:, :, :stop]
+                alignment = "bottom_right"
 
-        if kv_cache is None or not kv_cache.quantized:
-            scaled = {}
-        if num_q == 1 and not want_weights:
-            # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
-            # call needs no out= and takes the core's fast path (which declines out=).
-            merged = result = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask,
-                valid_lens=vl,
-                is_causal=causal,
-                causal_alignment=alignment,
-                sinks=self._sinks,
-                num_threads=num_threads,
-                **scaled,
-            )
-        else:
-            # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
-            merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
-            result = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask,
-                valid_lens=vl,
-                is_causal=causal,
-                causal_alignment=alignment,
-                sinks=self._sinks,
-                return_weights=want_weights,
-                out=merged.swapaxes(1, 2),
-                num_threads=num_threads,
-                **scaled,
-            )
-        if kv_cache is not None:
-            kv_cache.length = stop  # only once the call has succeeded
-        out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))
-        if not batched:
-            out = out[0]
-        if not want_weights:
-            return out
-        weights = result[1]
-        if average:
-            weights = average_heads(weights)
-        return out, (weights if batched else weights[0])
+            if kv_cache is None or not kv_cache.quantized:
+                scaled = {}
+            if num_q == 1 and not want_weights:
+                # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
+                # call needs no out= and takes the core's fast path (which declines out=).
+                merged = result = scaled_dot_product_attention(
+                    q,
+                    k,
+                    v,
+                    attn_mask,
+                    valid_lens=vl,
+                    is_causal=causal,
+                    causal_alignment=alignment,
+                    sinks=self._sinks,
+                    num_threads=num_threads,
+                    **scaled,
+                )
+            else:
+                # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
+                merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
+                result = scaled_dot_product_attention(
+                    q,
+                    k,
+                    v,
+                    attn_mask,
+                    valid_lens=vl,
+                    is_causal=causal,
+                    causal_alignment=alignment,
+                    sinks=self._sinks,
+                    return_weights=want_weights,
+                    out=merged.swapaxes(1, 2),
+                    num_threads=num_threads,
+                    **scaled,
+                )
+            if kv_cache is not None:
+                kv_cache.length = stop  # only once the call has succeeded
+            out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))
+            if not batched:
+                out = out[0]
+            if not want_weights:
+                return out
+            weights = result[1]
+            if average:
+                weights = average_heads(weights)
+            return out, (weights if batched else weights[0])
 
     def new_kv_cache(self, batch: int, max_len: int, dtype: object = None) -> KVCache:
         """A :class:`KVCache` for ``batch`` sequences of up to ``max_len`` positions.
