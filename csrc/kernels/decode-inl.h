@@ -36,9 +36,10 @@ constexpr int64_t kThinRows = 2 * kThinGroup + 1;
 // Key rows ahead of the one being read whose cache lines the score pass asks for: the
 // hardware prefetcher alone left decoding at about half the read bandwidth of one core
 // (measured: 10 GB/s against 20 for a plain streaming sum); prefetching the key rows 32
-// ahead gave 10 % (16 to 64 alike). Value rows are not prefetched: the P V pass already
-// streams them near the bandwidth, and prefetching them measured slower (into L1 during
-// the P V pass or the score pass; into L2 during the score pass: no gain).
+// ahead gave 10 % (16 to 64 alike). Value rows are not prefetched with 512-bit vectors:
+// their P V pass already streams them near the bandwidth, and prefetching them measured
+// slower (into L1 during the P V pass or the score pass; into L2 during the score pass: no
+// gain). AVX2 and int8 values are (pv_group).
 constexpr int64_t kPrefetchRows = 32;
 // Only a call whose K/V exceed this many bytes prefetches: smaller ones stay in the caches
 // between calls, where a prefetch is an instruction for nothing (31 % more instructions
@@ -83,15 +84,19 @@ inline void scores_rows(const T* qg, int64_t head_dim, const S* k, int64_t k_row
     // not by the bytes: float16 measured 3 % slower row by row), so those keep the KG
     // rows together.
     if constexpr (std::is_same_v<S, T>) {
+      // The row's G accumulators as locals: indexed by kk in acc, GCC kept them in memory
+      // and stored them on every step.
       for (int kk = 0; kk < KG; ++kk) {
         const S* kr = k + (j + kk) * k_row_stride;
+        V a[G];
+        for (int g = 0; g < G; ++g) a[g] = V{};
         for (int64_t e = 0; e < e_whole; e += L) {
           if (prefetch && (e * int64_t(sizeof(S))) % 64 == 0)  // once per cache line of each row
             __builtin_prefetch(kr + kPrefetchRows * k_row_stride + e);
           const V kv = vload_wide<T>(kr + e);
-          for (int g = 0; g < G; ++g)
-            acc[g * KG + kk] = vfma(vload(qg + g * head_dim + e), kv, acc[g * KG + kk]);
+          for (int g = 0; g < G; ++g) a[g] = vfma(vload(qg + g * head_dim + e), kv, a[g]);
         }
+        for (int g = 0; g < G; ++g) acc[g * KG + kk] = a[g];
       }
     } else {
       for (int64_t e = 0; e < e_whole; e += L) {
@@ -169,9 +174,8 @@ inline void pv_group_cols(const T* p, int64_t p_ld, int64_t n, const S* v, int64
     for (int u = 0; u < U; ++u) a[g][u] = vload(acc + g * acc_ld + c + u * L);
   for (int64_t j = 0; j < n; ++j) {
     const S* vr = v + j * v_row_stride + c;
-    if constexpr (std::is_same_v<S, int8_t>)  // (see pv_group)
-      for (int64_t b = 0; b < prefetch_bytes; b += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(vr + kPrefetchRows * v_row_stride) + b);
+    for (int64_t b = 0; b < prefetch_bytes; b += 64)  // (see pv_group)
+      __builtin_prefetch(reinterpret_cast<const char*>(vr + kPrefetchRows * v_row_stride) + b);
     V x[U];
     for (int u = 0; u < U; ++u) x[u] = vload_wide<T>(vr + u * L);
     for (int g = 0; g < G; ++g) {
@@ -194,16 +198,21 @@ inline void pv_group_cols(const T* p, int64_t p_ld, int64_t n, const S* v, int64
 // by the bytes, and this lets the loads of the later tiles hit the cache (measured: GQA
 // decode 1x32/8 16384 E128, one thread, min CPU time 3.3-3.6 ms against 3.8-4.1, with
 // reduce_lanes_of inlined). Wider values measured slower with it (float16 6.8 ms against
-// 5.7; float32 as noted at kPrefetchRows), and so did prefetching each tile's own columns
-// (int8 3.8 ms).
+// 5.7; float32 with AVX-512 as noted at kPrefetchRows), and so did prefetching each tile's
+// own columns (int8 3.8 ms). AVX2 float32/float64 values are prefetched too: their P V
+// pass walks a head dim of 128 in 8 column tiles (4 with AVX-512), reading one cache line
+// of each value row per tile, and the first tile's strided misses were about a quarter
+// of a float32 call (GQA decode 1x32/8 16384 E128, one thread, min CPU time 12.0 ms
+// against 15.8; float64 25.0 against 32.7).
 template <typename T, typename S>
 inline void pv_group(T* p, int64_t p_ld, int64_t nrows, int64_t n, const S* v, int64_t v_row_stride,
                      int64_t dv, T* acc, int64_t acc_ld, const float* scale, bool prefetch) {
   constexpr int L = kLanes<T>, G = kThinGroup;
   // G x U accumulators + U value vectors in registers (32 of them with AVX-512, else 16).
   constexpr int U = kVecBytes<T> == 64 ? 4 : 2;
-  const int64_t prefetch_bytes =
-      std::is_same_v<S, int8_t> && prefetch ? dv * int64_t(sizeof(S)) : 0;
+  constexpr bool kPrefetchValues =
+      std::is_same_v<S, int8_t> || (kVecBytes<T> == 32 && std::is_same_v<S, T>);
+  const int64_t prefetch_bytes = kPrefetchValues && prefetch ? dv * int64_t(sizeof(S)) : 0;
   int64_t r = 0;
   for (; r + G <= nrows; r += G) {
     bool dense = true;
