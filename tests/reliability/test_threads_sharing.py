@@ -41,6 +41,7 @@ def _python(code: str) -> str:
         text=True,
         timeout=300,
         env=env,
+        cwd=os.path.dirname(__file__),  # not the checkout's root: its fastattn/ is uncompiled
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().splitlines()[-1]
