@@ -45,7 +45,10 @@ def summary_table(doc: dict, dtype: str) -> str:
         return ""
     impls = _impls(doc)
     bases = [b for b in BASELINES if b in impls]
-    header = ["case", "fastattn ms", "GFLOP/s", "% peak", "% matmul", "GB/s (% bw)"]
+    # % peak is against the FMA peak of the ISA that ran the rows (the active one): say which.
+    isa = (doc.get("limits") or {}).get("isa")
+    peak = f"% {isa} peak" if isa else "% peak"
+    header = ["case", "fastattn ms", "GFLOP/s", peak, "% matmul", "GB/s (% bw)"]
     for b in bases:
         header += [f"{b} ms", f"vs {b}"]
     header.append("max abs error (" + " / ".join(impls) + ")")

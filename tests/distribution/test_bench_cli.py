@@ -329,7 +329,7 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
         "Read bandwidth, same run: **50.0 GB/s** (`fastattn._core.read_bandwidth`: "
         "1 thread reading a 16 MiB buffer, best of 1)"
     ) in md
-    assert "| % peak | % matmul | GB/s (% bw) |" in md and "not measured" not in md
+    assert f"| % {lim['isa']} peak | % matmul | GB/s (% bw) |" in md and "not measured" not in md
     fast = decode["results"]["fastattn"]
     assert (
         f"| {fast['gbytes_per_s']:.1f} ({fast['frac_bandwidth']:.0%}) |"
