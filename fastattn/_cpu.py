@@ -170,6 +170,7 @@ def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, i
 def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     """Prepare, run the additive kernel, finish: additive_attention and
     attention(score="additive")."""
+    normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
     # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
     # the projection weights are in the compute dtype.
     dtype, batch = args.compute_dtype, args.batch
@@ -179,7 +180,6 @@ def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     v = to_batch(kernel_ready(args.value, storage), batch)
     wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
-    normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
 
     _core.additive(
         query=q,

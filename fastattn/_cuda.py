@@ -678,6 +678,13 @@ def softmax_forward(
 # The public functions' CUDA entries (called by fastattn._sdpa / fastattn._family)
 
 
+def merge_attention_states(outputs, lses, **options):
+    """Not on the GPU: refused by name."""
+    raise NotImplementedError(
+        "merge_attention_states does not run on CuPy arrays: pass NumPy arrays (e.g. cupy.asnumpy)"
+    )
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, *, valid_lens=None, out=None, **kwargs
 ):

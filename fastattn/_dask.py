@@ -544,7 +544,10 @@ def _caller_shape(a, shape: tuple):
 
 
 def _merge_block(outputs: list, lses: list, num_threads: int | None):
-    """merge_attention_states of NumPy blocks, on the CPU backend."""
+    """merge_attention_states of NumPy blocks, on the CPU backend (CuPy blocks: refused
+    by the CUDA path, which has no merge)."""
+    if _cuda.uses_gpu(*outputs, *lses):
+        return _cuda.merge_attention_states(outputs, lses)
     args = merge_states_args(outputs, lses)
     return _cpu.merge_attention_states(args, None, task_threads(num_threads))
 

@@ -273,14 +273,9 @@ def merge_attention_states(
     (True, True)
     """
     kind = _dispatch.backend(out, outputs, lses)
-    if kind == "dask":
+    if kind is not None:  # Dask: a lazy graph; CuPy: refused by the CUDA path
         return _dispatch.engine(kind).merge_attention_states(
             **_dispatch.forwarded(merge_attention_states, locals())
-        )
-    if kind == "cupy":
-        raise NotImplementedError(
-            "merge_attention_states does not run on CuPy arrays: pass NumPy arrays "
-            "(e.g. cupy.asnumpy)"
         )
     args = merge_states_args(outputs, lses)
     threads = _threads.resolve(num_threads)
