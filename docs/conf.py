@@ -80,8 +80,8 @@ html_title = f"fastattn {release}"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
-    # The report's tables are wide: its page has no "on this page" column.
-    "secondary_sidebar_items": {"**": ["page-toc"], "bench/report": []},
+    # The reports' tables are wide: their pages have no "on this page" column.
+    "secondary_sidebar_items": {"**": ["page-toc"], "bench/report": [], "benchmarks": []},
 }
 # No navigation column on the pages that have no sub-pages: the text gets its width.
 html_sidebars = {
