@@ -56,13 +56,17 @@ def _figure_legend(fig, axes, order: list[str] | None = None, ncols: int | None 
     )
 
 
-def time_vs_length(doc: dict, path: Path) -> bool:
-    """Draw time_vs_length_figure into ``path``; False when the run has no series."""
-    fig = time_vs_length_figure(doc)
+def _save(fig, path: Path) -> bool:
+    """Write ``fig`` (None: nothing to draw) to ``path``; whether it was written."""
     if fig is None:
         return False
     fig.savefig(path)
     return True
+
+
+def time_vs_length(doc: dict, path: Path) -> bool:
+    """Draw time_vs_length_figure into ``path``; False when the run has no series."""
+    return _save(time_vs_length_figure(doc), path)
 
 
 def time_vs_length_figure(doc: dict):
@@ -135,11 +139,7 @@ def speedup_label(s: float) -> str:
 
 def speedups(doc: dict, path: Path) -> bool:
     """Draw speedup_figure into ``path``; False when no row has a baseline."""
-    fig = speedup_figure(doc)
-    if fig is None:
-        return False
-    fig.savefig(path)
-    return True
+    return _save(speedup_figure(doc), path)
 
 
 def speedup_figure(doc: dict):
