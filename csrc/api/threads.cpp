@@ -167,6 +167,18 @@ void team_reset(bool contended) {
 
 void team_watch(bool on) { g_watch.store(on); }
 
+thread_local CallInterrupt* t_call_interrupt = nullptr;
+thread_local bool t_polls_interrupt = false;
+
+bool poll_interrupt(CallInterrupt* c) {
+  if (!c->poll) return false;
+  const int64_t now = now_ns();
+  if (now < c->next_poll_ns) return false;
+  c->next_poll_ns = now + kInterruptPollNs;
+  if (c->poll(c)) c->raised.store(true, std::memory_order_relaxed);
+  return c->raised.load(std::memory_order_relaxed);
+}
+
 bool team_contended() { return g_contended_until.load(std::memory_order_relaxed) != 0; }
 
 }  // namespace fastattn

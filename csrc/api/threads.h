@@ -3,6 +3,7 @@
 // whether worker threads have been getting a core (parallel-inl.h reads it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace fastattn {
@@ -50,5 +51,27 @@ void team_reset(bool contended);
 // For measurements (bench/shared_cores.py): whether team_threads heeds the mark (default on).
 void team_watch(bool on);
 bool team_contended();
+
+// Ctrl-C during a long call. The bindings open a CallInterrupt on the calling thread
+// (bindings/interruptible.h) before releasing the GIL; parallel_region hands it to its
+// team; the kernels ask interrupted() between tasks and skip the rest once it says yes.
+// Only the opening thread polls: from 100 ms into the call, every 100 ms, through `poll`
+// (which takes the GIL and runs Python's signal handlers), so short calls never poll.
+struct CallInterrupt {
+  std::atomic<bool> raised{false};
+  int64_t next_poll_ns = 0;
+  bool (*poll)(CallInterrupt*) = nullptr;  // true: stop (a handler raised)
+};
+extern thread_local CallInterrupt* t_call_interrupt;  // this thread's call, or null
+extern thread_local bool t_polls_interrupt;           // whether this thread polls it
+bool poll_interrupt(CallInterrupt* c);                // the slow half of interrupted()
+inline bool interrupted() {
+  CallInterrupt* c = t_call_interrupt;
+  if (!c) return false;
+  if (c->raised.load(std::memory_order_relaxed)) return true;
+  return t_polls_interrupt && poll_interrupt(c);
+}
+// Interval between polls (and until the first).
+constexpr int64_t kInterruptPollNs = 100'000'000;
 
 }  // namespace fastattn

@@ -19,6 +19,7 @@
 
 #include "api/attention.h"
 #include "bindings/array_ref.h"
+#include "bindings/interruptible.h"
 
 namespace fastattn {
 
@@ -59,7 +60,9 @@ struct Body<void (C::*)(Call&, Extra...) const> {
           call.window_left = window_left;
           call.window_right = window_right;
           call.num_threads = num_threads;
+          Interruptible ctrl_c;  // Ctrl-C between the kernel's tasks
           body(call, std::forward<Extra>(extra)...);
+          ctrl_c.check();
         };
   }
 };

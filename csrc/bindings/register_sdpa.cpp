@@ -13,6 +13,7 @@
 #include "api/threads.h"
 #include "bindings/array_ref.h"
 #include "bindings/attention_args.h"
+#include "bindings/interruptible.h"
 
 namespace py = pybind11;
 
@@ -286,10 +287,12 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
       Py_RETURN_NONE;
     py::array out(py::reinterpret_borrow<py::array>(slot[kQuery]).dtype(), out_shape);
     call.out = array_ref(out, "out");
+    Interruptible ctrl_c;  // Ctrl-C between the kernel's tasks
     {
       py::gil_scoped_release release;  // q/k/v are held by the caller's frame
       scaled_dot_product_attention(call);
     }
+    if (ctrl_c.raised_now()) return nullptr;  // KeyboardInterrupt, say
     return out.release().ptr();
   } catch (...) {
     // Declined: the full path runs and raises whatever applies, in its own words.
@@ -381,6 +384,8 @@ void register_sdpa(py::module_& m) {
       "The common scaled_dot_product_attention call, computed; None for any other "
       "(see fastattn/_sdpa.py)."};
   g_ndarray = py::object(py::module_::import("numpy").attr("ndarray")).release().ptr();
+  Interruptible::main_thread() =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   g_bottom_right = PyUnicode_InternFromString("bottom_right");
   g_top_left = PyUnicode_InternFromString("top_left");
   m.add_object("sdpa_fast", py::reinterpret_steal<py::object>(

@@ -169,13 +169,13 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
     TaskView<T, S, KV> tv;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      if (!raw) continue;
+      if (!raw || interrupted()) continue;  // (Ctrl-C: the call raises, out= unspecified)
       run_item<T, Engine, kSplit>(p, plan, sum, eng, rows, &tv, item);
     }
     if constexpr (kSplit) {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < plan.tasks; ++t) {
-        if (failed) continue;
+        if (failed || interrupted()) continue;
         merge_task<T>(p, plan, sum, eng, rows, &tv, t);
       }
     }

@@ -11,7 +11,8 @@
 // worker that cannot get a core (another process holds it) makes the region wait at its
 // closing barrier for a scheduler time slice; after such a region the next small calls run
 // on one thread for a while (threads_for_work asks team_threads), so a call costs its work
-// on the core it has. Results do not depend on the thread count.
+// on the core it has. Results do not depend on the thread count. The team also sees the
+// caller's Ctrl-C flag (CallInterrupt), which the kernels ask between tasks.
 #pragma once  // per translation unit
 
 #include <omp.h>
@@ -38,15 +39,19 @@ inline void parallel_region(int threads, Body&& body) {
   }
   const int64_t start = now_ns();
   std::atomic<int64_t> latest{0};
+  CallInterrupt* const call = t_call_interrupt;  // the caller's Ctrl-C flag, for the team
 #pragma omp parallel num_threads(threads)
   {
-    if (omp_get_thread_num() != 0) {
+    const bool worker = omp_get_thread_num() != 0;
+    if (worker) {
       const int64_t lag = now_ns() - start;
       int64_t seen = latest.load(std::memory_order_relaxed);
       while (lag > seen && !latest.compare_exchange_weak(seen, lag, std::memory_order_relaxed)) {
       }
+      t_call_interrupt = call;  // (pooled threads: set for this region, cleared after it)
     }
     body();
+    if (worker) t_call_interrupt = nullptr;
   }
   team_report(threads, latest.load(std::memory_order_relaxed), now_ns() - start);
 }

@@ -153,7 +153,7 @@ bool sdpa_varlen(const VarlenParams& vp) {
     // Items in `order`, one at a time to whichever thread is free.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      if (!raw) continue;
+      if (!raw || interrupted()) continue;  // (Ctrl-C: the call raises, out= unspecified)
       const int64_t i = varlen_find(item_start, N, item);
       const int64_t n = vp.order[i];
       const VarlenSeq& s = seqs[n];
@@ -168,7 +168,7 @@ bool sdpa_varlen(const VarlenParams& vp) {
     // (the loop's barrier: every split is saved before any merge)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t m = 0; m < merges; ++m) {
-      if (failed) continue;
+      if (failed || interrupted()) continue;
       const int64_t i = varlen_find(merge_start, N, m);
       const int64_t n = vp.order[i];
       const VarlenSeq& s = seqs[n];
