@@ -88,10 +88,11 @@ def attention_masks(args: SdpaArgs):
     bool_mask = float_mask = lens = None
     if args.attn_mask is not None:
         m = args.attn_mask
-        full = np.broadcast_to(
-            item_aligned(m, m.dtype if m.dtype == np.bool_ else args.compute_dtype),
-            args.full_scores_shape,
-        )
+        # A float64 mask narrowed to float32 scores may overflow to -inf (finfo(float64).min
+        # hides its key, as it does in float64): nothing for NumPy's RuntimeWarning to say.
+        with np.errstate(over="ignore"):
+            m = item_aligned(m, m.dtype if m.dtype == np.bool_ else args.compute_dtype)
+        full = np.broadcast_to(m, args.full_scores_shape)
         if full.dtype == np.bool_:
             bool_mask = full
         else:

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "api/params.h"
@@ -106,7 +107,12 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
   const float* vsb = vs ? vs + c0 : nullptr;
   // Scores, masks and m stay in natural units (online_softmax-inl.h).
   const bool softcap = p.softcap > 0;
-  const T cap = T(p.softcap), inv_cap = T(1.0 / (softcap ? p.softcap : 1.0));
+  // 1 / softcap held below the dtype's largest: a tiny cap (softcap=1e-40 in float32) would
+  // otherwise give inf, and a score of 0 times inf is NaN; scores the clamp shrinks are
+  // below 8 / FLT_MAX, where cap * tanh is within the cap of the reference's anyway.
+  const T cap = T(p.softcap),
+          inv_cap =
+              T(std::min(1.0 / (softcap ? p.softcap : 1.0), double(std::numeric_limits<T>::max())));
   // Padded to whole register tiles: every row goes through the same tile code whichever
   // rows share its tile, so its rounding does not depend on how rows fall into tasks.
   const int64_t tile_rows = round_up(nrows, kRowTile);

@@ -136,6 +136,43 @@ def versions_line(doc: dict) -> str:
     return ", ".join(parts)
 
 
+# Rounds of one row whose spread (worst over best) passes this disagree beyond noise.
+DISTURBED_SPREAD = 0.5
+
+
+def contention_lines(doc: dict) -> list[str]:
+    """A warning when the run was disturbed by other processes: a rate above 100 % of the
+    FMA peak or the read bandwidth measured in the same run (impossible on a quiet machine:
+    the probe lost its cores), or rounds of a row disagreeing by more than DISTURBED_SPREAD.
+    Empty for a clean run."""
+    over, spread = [], []
+    for row in doc.get("rows", []):
+        for name, r in row.get("results", {}).items():
+            label = f"{row['case']} ({row.get('dtype', '?')}, {name})"
+            for key in ("frac_peak", "frac_bandwidth"):
+                frac = r.get(key)
+                if frac is not None and frac > 1.0:
+                    over.append(f"{label} {frac:.0%} {'peak' if key == 'frac_peak' else 'bw'}")
+            if (r.get("spread") or 0) > DISTURBED_SPREAD:
+                spread.append(f"{label} +{r['spread']:.0%}")
+    out = []
+    if over:
+        out.append(
+            f"- **Disturbed run**: {len(over)} rate(s) above 100 % of this run's measured "
+            f"peak, which a quiet machine cannot give (other processes held the cores during "
+            f"the probe): {'; '.join(over[:5])}{' ...' if len(over) > 5 else ''}. Their "
+            "*% peak* / *% bw* are not results; rerun on a quiet machine."
+        )
+    if spread:
+        out.append(
+            f"- **Disturbed run**: {len(spread)} row(s) whose rounds disagree by more than "
+            f"{DISTURBED_SPREAD:.0%} (worst over best): {'; '.join(spread[:5])}"
+            f"{' ...' if len(spread) > 5 else ''}. Times are each row's best round; the "
+            "ratios between them are less certain."
+        )
+    return out
+
+
 def limits_lines(doc: dict) -> list[str]:
     """What the machine's limits are and how they were measured (or that they were not)."""
     lim = doc.get("limits") or {}
@@ -144,7 +181,7 @@ def limits_lines(doc: dict) -> list[str]:
         return [
             "- Machine limits: not measured (this build has no probes: `fastattn._core` "
             "has no `fma_peak` / `read_bandwidth`), so *% peak* and *% bw* are empty."
-        ]
+        ] + contention_lines(doc)
     out = []
     if peak is None:
         out.append(
@@ -171,7 +208,7 @@ def limits_lines(doc: dict) -> list[str]:
             f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
             f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']})."
         )
-    return out
+    return out + contention_lines(doc)
 
 
 def _bf16_peak_lines(doc: dict, lim: dict) -> list[str]:
