@@ -1,41 +1,10 @@
-"""Computations around the kernels, shared by the fast functions and the NumPy twins:
-scores rewritten as dot products (cosine rows, the gaussian key bias, infinitely far
-rows), Silverman's bandwidth, the core's projection, and the head split of the layer."""
+"""Computations shared by the fast functions and the NumPy twins beside the kernels:
+Silverman's bandwidth, and the head split and head average of the layer. (The scores
+rewritten as dot products, for the kernels, are in :mod:`fastattn._prepare`.)"""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-
-from fastattn import _core
-from fastattn._prepare import contiguous
-
-
-def unit_rows(a: np.ndarray) -> np.ndarray:
-    """Rows of ``a`` (last axis) scaled to unit length, in float64; zero rows stay zero.
-    Scaled by the row's largest entry first, so huge or tiny rows neither overflow nor
-    underflow."""
-    x = np.asarray(a, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        big = (
-            np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
-        )
-        y = np.where(big > 0, x / np.where(big > 0, big, 1.0), x)
-        norm = np.sqrt((y * y).sum(axis=-1, keepdims=True))
-        return np.where(norm > 0, y / np.where(norm > 0, norm, 1.0), y)
-
-
-def gaussian_key_bias(k: np.ndarray, bandwidth: float) -> np.ndarray:
-    """-||k_j||^2 / (2 h^2) per key, in float64: shape (..., Hkv, Lk)."""
-    x = np.asarray(k, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return -(x * x).sum(axis=-1) / (2.0 * bandwidth * bandwidth)
-
-
-def infinitely_far(x: np.ndarray) -> np.ndarray:
-    """Rows (last axis) holding an infinity and no NaN."""
-    return np.isinf(x).any(axis=-1) & ~np.isnan(x).any(axis=-1)
 
 
 def silverman_bandwidth(x_keys: np.ndarray) -> np.ndarray:
@@ -65,16 +34,6 @@ def silverman_bandwidth(x_keys: np.ndarray) -> np.ndarray:
             "(all keys of a batch entry coincide, or one is inf/NaN)"
         )
     return h
-
-
-def project(x: np.ndarray, w: np.ndarray, dtype: np.dtype, threads: int) -> np.ndarray:
-    """``x @ w`` over the last axis, computed by the core (bit-identical for any thread
-    count, unlike a threaded BLAS)."""
-    rows = contiguous(x, dtype).reshape(math.prod(x.shape[:-1]), x.shape[-1])
-    wc = contiguous(w, dtype)
-    out = np.empty((rows.shape[0], wc.shape[1]), dtype)
-    _core.project(x=rows, w=wc, out=out, num_threads=threads)
-    return out.reshape(x.shape[:-1] + (wc.shape[1],))
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:

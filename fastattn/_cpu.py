@@ -13,14 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from fastattn import _core
-from fastattn._compute import gaussian_key_bias, infinitely_far, project, unit_rows
-from fastattn._dtypes import is_bfloat16
 from fastattn._prepare import (
     attention_buffers,
-    attention_masks,
     attention_result,
     contiguous,
+    dot_operands,
     extra,
+    family_storage,
     finish,
     head_values,
     item_aligned,
@@ -28,6 +27,7 @@ from fastattn._prepare import (
     pack,
     result_buffer,
     sdpa_storage_dtype,
+    selection,
     shared_options,
     softmax_masks,
     storage_dtype,
@@ -157,20 +157,10 @@ def masked_softmax(args, out, threads: int):
 # attention, additive_attention
 
 
-def _selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, int, bool]:
-    """(kernel normaliser: 0 softmax / 1 select, top_k, hardmax). top-k keeping every key is
-    the softmax."""
-    if normalize == "softmax" or (normalize == "topk" and top_k >= num_keys):
-        return 0, 1, False
-    if normalize == "hardmax":
-        return 1, 1, True
-    return 1, top_k, False
-
-
 def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     """Prepare, run the additive kernel, finish: additive_attention and
     attention(score="additive")."""
-    normalizer, k_keep, hardmax = _selection(normalize, top_k, args.key.shape[-2])
+    normalizer, k_keep, hardmax = selection(normalize, top_k, args.key.shape[-2])
     # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
     # the projection weights are in the compute dtype.
     dtype, batch = args.compute_dtype, args.batch
@@ -200,71 +190,16 @@ def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     return attention_result(args, out, result, in_place, None, weights)
 
 
-def _family_storage(spec, normalizer: int, sixteen: np.dtype) -> np.dtype:
-    """The dtype q/k/v reach the kernels in for a dot-product score: float16/bfloat16 as
-    stored (``sixteen``, sdpa_storage_dtype's) where the kernels read them without changing
-    the arithmetic, else the compute dtype (a float32 copy). dot/scaled_dot: as stored,
-    so the softmax is scaled_dot_product_attention on those arrays (bfloat16 by its rule,
-    vdpbf16ps on AVX512-BF16) and hardmax/top-k widen in the select kernel. gaussian: as
-    stored where widening is exact -- float16, or bfloat16 under hardmax/top-k -- but a
-    bfloat16 softmax keeps the copy (the SDPA bfloat16 kernel would round P and the
-    products, unlike the float32 arithmetic gaussian's bias is formed in). general
-    projects q into a new float32 array, which k must match; cosine's unit rows are a new
-    array in any dtype."""
-    if spec.score in ("dot", "scaled_dot"):
-        return sixteen
-    if spec.score == "gaussian" and (normalizer == 1 or not is_bfloat16(sixteen)):
-        return sixteen
-    return spec.args.compute_dtype
-
-
-def _dot_operands(spec, threads, storage):
-    """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
-    normalises the rows of q and k, general projects q by W, gaussian adds the per-key
-    bias -||k||^2 / (2 h^2) to the float mask (broadcast along the rows, zero-copy; the
-    -||q||^2 term is constant along a row and cancels in every normaliser). ``storage``: the
-    dtype of plain dot-product q and k (a 16-bit float the kernel widens, or the compute
-    dtype)."""
-    args = spec.args
-    dtype = args.compute_dtype
-    if spec.score == "cosine":
-        q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
-        k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
-    else:
-        q, k = kernel_ready(args.query, storage), kernel_ready(args.key, storage)
-    if spec.score == "general":
-        q = project(q, spec.weight, dtype, threads)
-    bool_mask, float_mask, lens = attention_masks(args)
-    if spec.score == "gaussian":
-        bias = gaussian_key_bias(args.key, spec.bandwidth)  # (..., Hkv, Lk)
-        group = args.query.shape[-3] // max(args.key.shape[-3], 1)
-        if group > 1:
-            bias = np.repeat(bias, group, axis=-2)
-        bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
-        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
-        # a key scores -inf (its bias already is), such a query sees no key, as with
-        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
-        k_far, q_far = infinitely_far(k), infinitely_far(q)
-        if k_far.any():  # (k's own zero: a 16-bit k stays 16-bit)
-            k = np.where(k_far[..., None], k.dtype.type(0), k)
-        if q_far.any():
-            q = np.where(q_far[..., None], q.dtype.type(0), q)
-            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
-        if float_mask is not None:
-            bias = float_mask + bias
-        float_mask = np.broadcast_to(bias, args.full_scores_shape)
-    return to_batch(q, args.batch), to_batch(k, args.batch), bool_mask, float_mask, lens
-
-
 def attention(spec, want_weights: bool, out, threads: int):
     """A checked attention() call (``spec``: its AttentionSpec)."""
     args = spec.args
     if spec.score == "additive":
         return additive(args, spec.additive, spec.normalize, spec.top_k, want_weights, out, threads)
 
-    normalizer, k_keep, hardmax = _selection(spec.normalize, spec.top_k, args.key.shape[-2])
-    storage = _family_storage(spec, normalizer, sdpa_storage_dtype(args))
-    q, k, bool_mask, float_mask, lens = _dot_operands(spec, threads, storage)
+    # Everything below is prepared by _prepare (the score's operands included).
+    normalizer, k_keep, hardmax = selection(spec.normalize, spec.top_k, args.key.shape[-2])
+    storage = family_storage(spec, normalizer)
+    q, k, bool_mask, float_mask, lens = dot_operands(spec, threads, storage)
     v = to_batch(kernel_ready(args.value, storage), args.batch)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
 

@@ -484,35 +484,27 @@ class MultiHeadAttention:
             if num_q == 1 and not want_weights:
                 # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
                 # call needs no out= and takes the core's fast path (which declines out=).
-                merged = result = scaled_dot_product_attention(
-                    q,
-                    k,
-                    v,
-                    attn_mask,
-                    valid_lens=vl,
-                    is_causal=causal,
-                    causal_alignment=alignment,
-                    sinks=self._sinks,
-                    num_threads=num_threads,
-                    **scaled,
-                )
+                merged = None
+                into = {}
             else:
                 # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
                 merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
-                result = scaled_dot_product_attention(
-                    q,
-                    k,
-                    v,
-                    attn_mask,
-                    valid_lens=vl,
-                    is_causal=causal,
-                    causal_alignment=alignment,
-                    sinks=self._sinks,
-                    return_weights=want_weights,
-                    out=merged.swapaxes(1, 2),
-                    num_threads=num_threads,
-                    **scaled,
-                )
+                into = {"return_weights": want_weights, "out": merged.swapaxes(1, 2)}
+            result = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask,
+                valid_lens=vl,
+                is_causal=causal,
+                causal_alignment=alignment,
+                sinks=self._sinks,
+                num_threads=num_threads,
+                **into,
+                **scaled,
+            )
+            if merged is None:
+                merged = result
             if kv_cache is not None:
                 kv_cache.length = stop  # only once the call has succeeded
             out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))

@@ -5,19 +5,23 @@ Preparing: conversions to the compute dtype that copy only when needed (native b
 order, aligned, strides in whole items, a unit-stride last axis where the kernel needs
 one), broadcast views in place of broadcast copies, masks and valid_lens at full shape
 (zero-copy), and the result buffer (the caller's ``out=`` itself when the kernel can
-write it). Finishing: the caller's shapes, the result dtype, ``out=`` filled, and the
+write it). attention()'s scores as dot products for the SDPA and select kernels (cosine's
+unit rows, general's projected q, gaussian's key bias) and its normaliser. Finishing: the
+caller's shapes, the result dtype, ``out=`` filled, and the
 return tuple.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastattn import _core
 from fastattn._dtypes import FLOAT32, is_16bit_float, is_bfloat16
 
-if TYPE_CHECKING:  # (_validation imports _compute, which imports this module)
+if TYPE_CHECKING:
     from fastattn._args import SdpaArgs, SoftmaxArgs
 
 # --------------------------------------------------------------------------------------
@@ -140,6 +144,113 @@ def softmax_masks(args: SoftmaxArgs):
     rows = args.rows_shape
     lens = None if args.valid_lens is None else lens_view(args.valid_lens, len(rows), rows)
     return mask, lens
+
+
+# --------------------------------------------------------------------------------------
+# attention(): scores rewritten as dot products, the kernel's normaliser
+
+
+def unit_rows(a: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` (last axis) scaled to unit length, in float64; zero rows stay zero.
+    Scaled by the row's largest entry first, so huge or tiny rows neither overflow nor
+    underflow."""
+    x = np.asarray(a, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        big = (
+            np.abs(x).max(axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
+        )
+        y = np.where(big > 0, x / np.where(big > 0, big, 1.0), x)
+        norm = np.sqrt((y * y).sum(axis=-1, keepdims=True))
+        return np.where(norm > 0, y / np.where(norm > 0, norm, 1.0), y)
+
+
+def gaussian_key_bias(k: np.ndarray, bandwidth: float) -> np.ndarray:
+    """-||k_j||^2 / (2 h^2) per key, in float64: shape (..., Hkv, Lk)."""
+    x = np.asarray(k, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return -(x * x).sum(axis=-1) / (2.0 * bandwidth * bandwidth)
+
+
+def infinitely_far(x: np.ndarray) -> np.ndarray:
+    """Rows (last axis) holding an infinity and no NaN."""
+    return np.isinf(x).any(axis=-1) & ~np.isnan(x).any(axis=-1)
+
+
+def project(x: np.ndarray, w: np.ndarray, dtype: np.dtype, threads: int) -> np.ndarray:
+    """``x @ w`` over the last axis, computed by the core (bit-identical for any thread
+    count, unlike a threaded BLAS)."""
+    rows = contiguous(x, dtype).reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    wc = contiguous(w, dtype)
+    out = np.empty((rows.shape[0], wc.shape[1]), dtype)
+    _core.project(x=rows, w=wc, out=out, num_threads=threads)
+    return out.reshape(x.shape[:-1] + (wc.shape[1],))
+
+
+def selection(normalize: str, top_k: int | None, num_keys: int) -> tuple[int, int, bool]:
+    """(kernel normaliser: 0 softmax / 1 select, top_k, hardmax). top-k keeping every key is
+    the softmax."""
+    if normalize == "softmax" or (normalize == "topk" and top_k >= num_keys):
+        return 0, 1, False
+    if normalize == "hardmax":
+        return 1, 1, True
+    return 1, top_k, False
+
+
+def family_storage(spec, normalizer: int) -> np.dtype:
+    """The dtype q/k/v reach the kernels in for a dot-product score: float16/bfloat16 as
+    stored (sdpa_storage_dtype's) where the kernels read them without changing
+    the arithmetic, else the compute dtype (a float32 copy). dot/scaled_dot: as stored,
+    so the softmax is scaled_dot_product_attention on those arrays (bfloat16 by its rule,
+    vdpbf16ps on AVX512-BF16) and hardmax/top-k widen in the select kernel. gaussian: as
+    stored where widening is exact -- float16, or bfloat16 under hardmax/top-k -- but a
+    bfloat16 softmax keeps the copy (the SDPA bfloat16 kernel would round P and the
+    products, unlike the float32 arithmetic gaussian's bias is formed in). general
+    projects q into a new float32 array, which k must match; cosine's unit rows are a new
+    array in any dtype."""
+    sixteen = sdpa_storage_dtype(spec.args)
+    if spec.score in ("dot", "scaled_dot"):
+        return sixteen
+    if spec.score == "gaussian" and (normalizer == 1 or not is_bfloat16(sixteen)):
+        return sixteen
+    return spec.args.compute_dtype
+
+
+def dot_operands(spec, threads, storage):
+    """(q, k, float mask) of a dot-product score, for the SDPA and select kernels: cosine
+    normalises the rows of q and k, general projects q by W, gaussian adds the per-key
+    bias -||k||^2 / (2 h^2) to the float mask (broadcast along the rows, zero-copy; the
+    -||q||^2 term is constant along a row and cancels in every normaliser). ``storage``: the
+    dtype of plain dot-product q and k (a 16-bit float the kernel widens, or the compute
+    dtype)."""
+    args = spec.args
+    dtype = args.compute_dtype
+    if spec.score == "cosine":
+        q = kernel_ready(unit_rows(args.query).astype(dtype), dtype)
+        k = kernel_ready(unit_rows(args.key).astype(dtype), dtype)
+    else:
+        q, k = kernel_ready(args.query, storage), kernel_ready(args.key, storage)
+    if spec.score == "general":
+        q = project(q, spec.weight, dtype, threads)
+    bool_mask, float_mask, lens = attention_masks(args)
+    if spec.score == "gaussian":
+        bias = gaussian_key_bias(args.key, spec.bandwidth)  # (..., Hkv, Lk)
+        group = args.query.shape[-3] // max(args.key.shape[-3], 1)
+        if group > 1:
+            bias = np.repeat(bias, group, axis=-2)
+        bias = bias.astype(dtype)[..., None, :]  # a row of biases per head
+        # A row with an infinite entry (and no NaN) is infinitely far from every other: such
+        # a key scores -inf (its bias already is), such a query sees no key, as with
+        # -||q - k||^2. Zeroed, so the expansion's products stay finite.
+        k_far, q_far = infinitely_far(k), infinitely_far(q)
+        if k_far.any():  # (k's own zero: a 16-bit k stays 16-bit)
+            k = np.where(k_far[..., None], k.dtype.type(0), k)
+        if q_far.any():
+            q = np.where(q_far[..., None], q.dtype.type(0), q)
+            bias = bias + np.where(q_far, -np.inf, 0.0).astype(dtype)[..., None]
+        if float_mask is not None:
+            bias = float_mask + bias
+        float_mask = np.broadcast_to(bias, args.full_scores_shape)
+    return to_batch(q, args.batch), to_batch(k, args.batch), bool_mask, float_mask, lens
 
 
 # --------------------------------------------------------------------------------------

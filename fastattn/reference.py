@@ -15,7 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._checks import check_flag
-from fastattn._compute import average_heads, split_heads, unit_rows
+from fastattn._compute import average_heads, split_heads
 from fastattn._dtypes import is_bfloat16
 from fastattn._layer_checks import (
     check_unbatched_mask,
@@ -23,7 +23,14 @@ from fastattn._layer_checks import (
     layer_inputs,
     projection_weights,
 )
-from fastattn._prepare import attention_masks, head_values, softmax_masks, to_batch, weights_dtype
+from fastattn._prepare import (
+    attention_masks,
+    head_values,
+    softmax_masks,
+    to_batch,
+    unit_rows,
+    weights_dtype,
+)
 from fastattn._validation import (
     additive_args,
     attention_spec,
