@@ -24,6 +24,9 @@ def config() -> dict[str, str]:
         # The avx512bf16 ISA runs bfloat16 SDPA with vdpbf16ps; every other ISA widens.
         "avx512_bf16": _avx512_bf16_line(),
         "bf16_dot_peak": _bf16_dot_peak_line(),
+        # aarch64: what the CPU reports (the neon ISA uses asimd; fp16, bf16, i8mm, sve are
+        # named for reports from Arm machines, no kernel uses them yet).
+        "arm_features": ", ".join(_core.arm_features()) or "none (not an Arm CPU)",
         "num_threads": str(_threads.get_num_threads()),
         "cuda": _cuda.describe(),  # CuPy's version and the device, when it sees a GPU
     }

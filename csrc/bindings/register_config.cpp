@@ -18,6 +18,9 @@ void register_config(py::module_& m) {
   m.def("compiled_isas", &compiled_isas, "ISAs compiled into this build.");
   m.def("cpu_has_avx512_bf16", &cpu_has_avx512_bf16,
         "Whether this CPU and OS support AVX512-BF16 (for show_config).");
+  m.def("arm_features", &arm_features,
+        "Arm features this CPU reports (asimd, fp16, bf16, i8mm, dotprod, sve, sve2); empty "
+        "off Arm (for show_config and fastattn-bench's report).");
   m.def(
       "active_isa", [] { return std::string(active_kernels().name); },
       "The ISA the kernels currently run with.");

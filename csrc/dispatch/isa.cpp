@@ -3,6 +3,11 @@
 #if !defined(_WIN32)
 #include <unistd.h>  // sysconf
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>  // getauxval
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>  // sysctlbyname
+#endif
 
 #include <atomic>
 #include <stdexcept>
@@ -52,8 +57,47 @@ const KernelTable kTables[] = {
 #if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
     avx512bf16_table(),
 #endif
+#if defined(FASTATTN_HAVE_NEON)
+#define FASTATTN_TABLE_NS neon
+    FASTATTN_KERNEL_TABLE(Isa::kNeon),
+#undef FASTATTN_TABLE_NS
+#endif
 };
 constexpr int kNumTables = int(sizeof(kTables) / sizeof(kTables[0]));
+
+#if defined(__aarch64__)
+// One Arm feature: its Linux hwcap name, the AT_HWCAP (word 1) or AT_HWCAP2 (word 2) bit
+// (the kernel's ABI values, spelled here so an older libc's headers need not have them) and
+// the macOS sysctl that reports it (null: none).
+struct ArmFeature {
+  const char* name;
+  int word;
+  unsigned long bit;
+  const char* sysctl;
+};
+constexpr ArmFeature kArmFeatures[] = {
+    {"asimd", 1, 1ul << 1, "hw.optional.neon"},
+    {"fp16", 1, 1ul << 10, "hw.optional.arm.FEAT_FP16"},  // asimdhp: half-precision vectors
+    {"dotprod", 1, 1ul << 20, "hw.optional.arm.FEAT_DotProd"},
+    {"sve", 1, 1ul << 22, nullptr},
+    {"sve2", 2, 1ul << 1, nullptr},
+    {"i8mm", 2, 1ul << 13, "hw.optional.arm.FEAT_I8MM"},
+    {"bf16", 2, 1ul << 14, "hw.optional.arm.FEAT_BF16"},
+};
+
+bool arm_has(const ArmFeature& f) {
+#if defined(__linux__)
+  return (getauxval(f.word == 1 ? AT_HWCAP : AT_HWCAP2) & f.bit) != 0;
+#elif defined(__APPLE__)
+  if (!f.sysctl) return false;
+  int value = 0;
+  size_t size = sizeof value;
+  return sysctlbyname(f.sysctl, &value, &size, nullptr, 0) == 0 && value != 0;
+#else
+  return f.word == 1 && f.bit == (1ul << 1);  // NEON: part of every Armv8-A CPU
+#endif
+}
+#endif
 
 bool cpu_supports(Isa isa) {
   switch (isa) {
@@ -71,6 +115,10 @@ bool cpu_supports(Isa isa) {
              __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512Bf16:
       return cpu_supports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+      return arm_has(kArmFeatures[0]);
 #endif
     default:
       return false;
@@ -104,6 +152,15 @@ bool cpu_has_avx512_bf16() {
 #else
   return false;
 #endif
+}
+
+std::vector<std::string> arm_features() {
+  std::vector<std::string> names;
+#if defined(__aarch64__)
+  for (const ArmFeature& f : kArmFeatures)
+    if (arm_has(f)) names.push_back(f.name);
+#endif
+  return names;
 }
 
 double bf16_dot_peak(int num_threads, double seconds) {

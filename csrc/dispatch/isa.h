@@ -11,7 +11,8 @@
 namespace fastattn {
 
 // kAvx512Bf16: the avx512 kernels, bfloat16 SDPA with vdpbf16ps (AVX512-BF16).
-enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512, kAvx512Bf16 };
+// kNeon: aarch64's Advanced SIMD kernels (FMLA, 32-register tiles).
+enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512, kAvx512Bf16, kNeon };
 
 // One ISA's kernels: a name_f32 and a name_f64 pointer per entry of FASTATTN_OPS.
 struct KernelTable {
@@ -33,6 +34,10 @@ bool cpu_has_avx512_bf16();
 // `seconds`, when the active ISA is avx512bf16; -1 on any other ISA (no such instruction:
 // bfloat16 is widened to float32 there, whose peak is fma_peak's).
 double bf16_dot_peak(int num_threads, double seconds);
+// The Arm architecture features this CPU (and OS) reports that matter to attention kernels
+// (asimd, fp16, bf16, i8mm, dotprod, sve, sve2), by their Linux hwcap names, for show_config
+// and fastattn-bench's report: getauxval on Linux, sysctlbyname on macOS; empty elsewhere.
+std::vector<std::string> arm_features();
 // Names compiled into this build, whether the CPU can run them or not.
 std::vector<std::string> compiled_isas();
 // The table in use (the best available, unless set_isa chose another).

@@ -16,8 +16,14 @@ namespace fastattn {
 namespace FASTATTN_ISA_NS {
 
 // Register tiles of the block products: kRowTile query rows x kColTile keys or value
-// columns (two vectors).
+// columns (two vectors). The neon ISA has 32 vector registers: 8 rows give 16 accumulators
+// beside the two key (value) vectors and the rows' query values (probabilities), which
+// FMLA takes by lane; the x86 ISAs keep 4 rows (8 accumulators).
+#if defined(FASTATTN_NEON)
+constexpr int kRowTile = 8;
+#else
 constexpr int kRowTile = 4;
+#endif
 template <typename T>
 constexpr int kColTile = 2 * kLanes<T>;
 

@@ -69,6 +69,7 @@ FASTATTN_DECLARE_ISA(scalar)
 FASTATTN_DECLARE_ISA(baseline)
 FASTATTN_DECLARE_ISA(avx2)
 FASTATTN_DECLARE_ISA(avx512)
+FASTATTN_DECLARE_ISA(neon)
 // avx512bf16 (kernels/sdpa_bf16.cpp): the avx512 table with its own bfloat16 SDPA/varlen.
 namespace avx512bf16 {
 SdpaFn<float> sdpa_forward_f32;

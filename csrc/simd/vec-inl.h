@@ -16,6 +16,9 @@
 #if defined(__SSE2__)
 #include <immintrin.h>  // inline intrinsics only (gnu_inline: nothing emitted out of line)
 #endif
+#if defined(FASTATTN_NEON)
+#include <arm_neon.h>  // the neon ISA (aarch64): inline intrinsics only, as above
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -303,9 +306,10 @@ inline uint64_t match_bits64(const E* p, E x) {
   return b;
 }
 
-// a * b + c with one rounding, on a vector or a scalar, where the ISA has an FMA unit.
-// Elsewhere (baseline SSE2, the scalar path) a multiply, then an add: two roundings, as the
-// hardware gives; the result still depends on nothing but the source and the ISA.
+// a * b + c with one rounding, on a vector or a scalar, where the ISA has an FMA unit (the
+// neon ISA: FMLA on vectors, FMADD on one value). Elsewhere (baseline SSE2, the scalar path,
+// aarch64's baseline) a multiply, then an add: two roundings, as the hardware gives; the
+// result still depends on nothing but the source and the ISA.
 template <typename V>
 inline V vfma(V a, V b, V c) {
   using T = typename LaneOf<V>::type;
@@ -329,7 +333,18 @@ inline V vfma(V a, V b, V c) {
       return (V)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
     else
       return (V)_mm_fmadd_pd((__m128d)a, (__m128d)b, (__m128d)c);
-  } else if constexpr (std::is_arithmetic_v<V>) {
+  }
+#endif
+#if defined(FASTATTN_NEON)
+  if constexpr (sizeof(V) == 16) {  // c + a * b, the accumulator first
+    if constexpr (f32)
+      return (V)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+    else
+      return (V)vfmaq_f64((float64x2_t)c, (float64x2_t)a, (float64x2_t)b);
+  }
+#endif
+#if defined(__FMA__) || defined(FASTATTN_NEON)
+  if constexpr (std::is_arithmetic_v<V>) {
     if constexpr (f32)
       return __builtin_fmaf(a, b, c);
     else

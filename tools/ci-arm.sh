@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# The ARM (aarch64) job of .ci/run: cross-compile fastattn's C++ core for aarch64 and run the
+# kernel, semantics, family, varlen, low-precision and layer tests under qemu-user, once per
+# ARM ISA variant the build has (FASTATTN_ISA).
+#
+#   tools/ci-arm.sh               # everything (installs what it needs; root, apt, mount)
+#   tools/ci-arm.sh -- -x -k foo  # anything after "--" goes to every pytest run
+#
+# Steps:
+#  1. Host tools from the host's apt: qemu-user-static (with binfmt_misc, so that arm64
+#     programs run in a chroot and the tests' subprocesses run too), debootstrap and
+#     g++-aarch64-linux-gnu.
+#  2. A Debian arm64 root (the host's release, from the mirror the host's apt uses), made
+#     once and kept in FASTATTN_ARM_CACHE: python3, python3-dev (the headers the extension
+#     is compiled against) and libgomp1 from Debian; numpy, pytest, hypothesis, ml_dtypes
+#     and threadpoolctl as aarch64 wheels installed by the host's pip (--platform, with the
+#     host's pip configuration and CA certificates), because the tests need releases newer
+#     than Debian's (hypothesis >= 6.80; ml_dtypes is not packaged) and pip under emulation
+#     is slow.
+#  3. The extension cross-compiled on the host (tools/aarch64-linux-gnu.cmake) against the
+#     root's headers: an emulated build takes over 20 minutes, the cross build a few.
+#  4. The tests under emulation: the package and tests/ are copied into the root, and
+#     pytest runs in a chroot once per ISA; each run keeps the isa-parametrised cases of its
+#     ISA (tools/ci_arm_isa.py) and every other test, so every test meets every ARM ISA
+#     once. Any failure fails the job.
+#
+# Knobs (environment):
+#   FASTATTN_ARM_CACHE   where the arm64 root lives (default ~/.cache/fastattn-arm)
+#   FASTATTN_ARM_BUILD   the cross build tree (default build-arm, ignored by git)
+#   FASTATTN_ARM_MIRROR  Debian mirror for debootstrap (default: the host's apt mirror)
+#   FASTATTN_ARM_ISAS    ISAs to test (default: every one the build has)
+#   FASTATTN_ARM_TESTS   test paths (default: tests/sdpa tests/family tests/varlen tests/lowp
+#                        tests/layer)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pytest_extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --) shift; pytest_extra=("$@"); break ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    *) echo "tools/ci-arm.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [[ $(id -u) != 0 ]]; then
+  echo "tools/ci-arm.sh: needs root (apt-get, binfmt_misc, mount and chroot)" >&2
+  exit 2
+fi
+start=$(date +%s)
+cache=${FASTATTN_ARM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fastattn-arm}
+build=${FASTATTN_ARM_BUILD:-build-arm}
+suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+root=$cache/$suite-arm64
+mkdir -p "$cache"
+
+# 1. Host tools. binfmt_misc first, so that installing qemu-user-static registers its
+# handlers (flag F: the interpreter is opened now, so it also runs inside the chroot).
+if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+fi
+need=()
+for pkg in qemu-user-static binfmt-support debootstrap g++-aarch64-linux-gnu; do
+  dpkg -s "$pkg" > /dev/null 2>&1 || need+=("$pkg")
+done
+if [[ ${#need[@]} -gt 0 ]]; then
+  echo "+ apt-get install ${need[*]}"
+  apt-get update -q > /dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" > /dev/null
+fi
+if [[ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
+  update-binfmts --enable qemu-aarch64
+fi
+tools_done=$(date +%s)
+
+# 2. The arm64 root, remade when its recipe (this list) changes.
+debs=python3,python3-dev,libgomp1
+wheels=("numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ml_dtypes>=0.4" "threadpoolctl>=3.5"
+  "pytest-xdist>=3")
+recipe="$suite $debs ${wheels[*]}"
+if [[ ! -f $root/.fastattn-recipe || $(cat "$root/.fastattn-recipe") != "$recipe" ]]; then
+  mirror=${FASTATTN_ARM_MIRROR:-}
+  if [[ -z $mirror ]]; then
+    # The host's Debian archive: a deb822 URIs: line or a one-line "deb URI suite" entry.
+    mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+      grep -E '^(URIs:|deb )' | grep -oE '(https?|file)://[^ ]+' | grep -v security |
+      grep -E '/debian/?$' | head -n 1 || true)
+  fi
+  mirror=${mirror:-http://deb.debian.org/debian}
+  echo "+ debootstrap --arch=arm64 --variant=minbase --include=$debs $suite $root $mirror"
+  rm -rf "$root"
+  debootstrap --arch=arm64 --variant=minbase --include="$debs" "$suite" "$root" "$mirror" \
+    > "$cache/debootstrap.log" 2>&1 || { tail -n 30 "$cache/debootstrap.log" >&2; exit 1; }
+  pyver=$(cd "$root/usr/include" && ls -d python3.* | head -n 1)
+  pytag=${pyver#python}
+  echo "+ pip install --platform manylinux_2_28_aarch64 --python-version $pytag ${wheels[*]}"
+  python3 -m pip install -q --disable-pip-version-check --only-binary=:all: \
+    --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 \
+    --platform manylinux2014_aarch64 --python-version "$pytag" --implementation cp \
+    --target "$root/usr/local/lib/$pyver/dist-packages" "${wheels[@]}" 2> >(grep -v "^WARNING" >&2)
+  echo "$recipe" > "$root/.fastattn-recipe"
+fi
+pyver=$(cd "$root/usr/include" && ls -d python3.* | head -n 1)
+root_done=$(date +%s)
+
+# 3. The cross build (incremental; pybind11's CMake files from a host venv of the job's own).
+if [[ ! -x $cache/host-venv/bin/python ]]; then
+  python3 -m venv "$cache/host-venv"
+fi
+"$cache/host-venv/bin/pip" install -q --disable-pip-version-check "pybind11>=2.12" \
+  2> >(grep -v "^WARNING" >&2)
+echo "+ cross-compiling the extension for aarch64 in $build (log: $build/build.log)"
+# A build tree remembers the root's paths (headers, OpenMP's libraries): start over when
+# the root moved.
+if [[ -d $build && $(cat "$build/.arm-root" 2> /dev/null) != "$root" ]]; then
+  rm -rf "$build"
+fi
+mkdir -p "$build"
+echo "$root" > "$build/.arm-root"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_TOOLCHAIN_FILE="$PWD/tools/aarch64-linux-gnu.cmake" -DFASTATTN_ARM_ROOT="$root" \
+  -DCMAKE_CXX_FLAGS="-idirafter $root/usr/include" \
+  -DPython_EXECUTABLE="$(command -v python3)" -DPython_INCLUDE_DIR="$root/usr/include/$pyver" \
+  -Dpybind11_DIR="$("$cache/host-venv/bin/python" -m pybind11 --cmakedir)" > "$build/build.log"
+cmake --build "$build" -j "$(nproc)" >> "$build/build.log" || {
+  tail -n 40 "$build/build.log" >&2
+  exit 1
+}
+built=$(date +%s)
+
+# 4. The tests, in a chroot of the root: the package installed into the root's
+# site-packages (the tests' subprocesses import it from there too), tests/ beside it.
+site=$root/usr/local/lib/$pyver/dist-packages
+stage=/opt/fastattn-ci
+rm -rf "${root:?}$stage" "${site:?}/fastattn"
+mkdir -p "$root$stage"
+cp -r tests pyproject.toml tools/ci_arm_isa.py "$root$stage/"
+cp -r fastattn "$site/"
+find "$root$stage" "$site/fastattn" -name __pycache__ -prune -exec rm -rf {} +
+so=$(find "$build" -maxdepth 1 -name '_core*.so' | head -n 1)
+pytag=${pyver#python}
+cp "$so" "$site/fastattn/_core.cpython-${pytag//./}-aarch64-linux-gnu.so"
+
+cleanup() {
+  umount -R "$root/dev" 2> /dev/null || true
+  umount "$root/proc" 2> /dev/null || true
+}
+trap cleanup EXIT
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount --make-rslave "$root/dev"
+in_root() {
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+    HYPOTHESIS_PROFILE=ci "$@"
+}
+isas=${FASTATTN_ARM_ISAS:-$(in_root sh -c "cd $stage && python3 -c \
+  'import fastattn; print(*fastattn._core.available_isas())'")}
+echo "tools/ci-arm.sh: ARM ISAs in this build (under qemu): $isas"
+
+# The semantics tests are tests/sdpa/test_semantics.py.
+read -r -a tests <<< "${FASTATTN_ARM_TESTS:-tests/sdpa tests/family tests/varlen tests/lowp tests/layer}"
+existing=()
+for t in "${tests[@]}"; do [[ -e $t ]] && existing+=("$t"); done
+# Deselected here only, each for its time under emulation (it runs in every x86 job):
+deselect=(
+)
+args=()
+for d in "${deselect[@]}"; do args+=(--deselect "$d"); done
+
+status=0
+summary=()
+for isa in $isas; do
+  echo "+ FASTATTN_ISA=$isa pytest ${existing[*]} (qemu-aarch64)"
+  t0=$(date +%s)
+  rc=0
+  in_root sh -c "cd $stage && FASTATTN_ISA=$isa exec python3 -m pytest -q -p no:cacheprovider \
+    -p ci_arm_isa -n $(nproc) --durations=10 --junitxml=results-$isa.xml ${existing[*]} ${args[*]} ${pytest_extra[*]}" || rc=$?
+  t1=$(date +%s)
+  counts=$(python3 - "$root$stage/results-$isa.xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    suites = ET.parse(sys.argv[1]).getroot().iter("testsuite")
+except (OSError, ET.ParseError):
+    print("no results")
+    raise SystemExit
+n = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
+for s in suites:
+    for k in n:
+        n[k] += int(s.get(k, 0))
+passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+print(f"{passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped")
+PY
+)
+  summary+=("$isa: $counts ($((t1 - t0)) s, pytest exit $rc)")
+  [[ $rc == 0 ]] || status=1
+done
+end=$(date +%s)
+echo "tools/ci-arm.sh: host tools $((tools_done - start)) s, arm64 root $((root_done - tools_done)) s, cross build $((built - root_done)) s, tests $((end - built)) s"
+for line in "${summary[@]}"; do echo "tools/ci-arm.sh: FASTATTN_ISA=$line"; done
+exit $status
