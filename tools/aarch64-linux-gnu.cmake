@@ -1,6 +1,6 @@
 # CMake toolchain file: cross-compile fastattn for aarch64 Linux with Debian's
 # g++-aarch64-linux-gnu (tools/ci-arm.sh, the ARM job of .ci/run). The Python headers come
-# from an arm64 root (FASTATTN_ARM_ROOT, e.g. one made by debootstrap): Debian's
+# from an arm64 root (FASTATTN_ARM_ROOT, e.g. one made by mmdebstrap or debootstrap): Debian's
 # /usr/include/python3.X/pyconfig.h includes <aarch64-linux-gnu/python3.X/pyconfig.h>, so the
 # root's /usr/include is searched last (-idirafter), after the cross toolchain's own C and
 # C++ headers (a _INIT value reaches only a new build tree's cache: tools/ci-arm.sh passes
@@ -21,8 +21,8 @@ if(NOT IS_DIRECTORY "${FASTATTN_ARM_ROOT}/usr/include")
 endif()
 set(CMAKE_CXX_FLAGS_INIT "-idirafter ${FASTATTN_ARM_ROOT}/usr/include")
 # Programs (the host's python and cmake helpers) from the host; libraries and headers from
-# the cross toolchain and the root.
-set(CMAKE_FIND_ROOT_PATH "${FASTATTN_ARM_ROOT}")
+# the cross toolchain's own tree first (OpenMP's and the C library's), then the root.
+set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu "${FASTATTN_ARM_ROOT}")
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)

@@ -8,15 +8,18 @@
 #
 # Steps:
 #  1. Host tools from the host's apt: qemu-user-static (with binfmt_misc, so that arm64
-#     programs run in a chroot and the tests' subprocesses run too), debootstrap and
+#     programs run in a chroot and the tests' subprocesses run too), mmdebstrap and
 #     g++-aarch64-linux-gnu.
 #  2. A Debian arm64 root (the host's release, from the mirror the host's apt uses), made
 #     once and kept in FASTATTN_ARM_CACHE: python3, python3-dev (the headers the extension
-#     is compiled against) and libgomp1 from Debian; numpy, pytest, hypothesis, ml_dtypes
-#     and threadpoolctl as aarch64 wheels installed by the host's pip (--platform, with the
-#     host's pip configuration and CA certificates), because the tests need releases newer
-#     than Debian's (hypothesis >= 6.80; ml_dtypes is not packaged) and pip under emulation
-#     is slow.
+#     is compiled against) and libgomp1 from Debian, with their dependencies, unpacked by
+#     mmdebstrap's "extract" variant on the host (nothing configured: a debootstrap root
+#     runs every package's scripts under emulation, 7 to 13 minutes here, the extraction
+#     under a minute); numpy, pytest, pytest-xdist, hypothesis, ml_dtypes and threadpoolctl
+#     as aarch64 wheels installed by the host's pip (--platform, with the host's pip
+#     configuration and CA certificates), because the tests need releases newer than
+#     Debian's (hypothesis >= 6.80; ml_dtypes is not packaged) and pip under emulation is
+#     slow.
 #  3. The extension cross-compiled on the host (tools/aarch64-linux-gnu.cmake) against the
 #     root's headers: an emulated build takes over 20 minutes, the cross build a few.
 #  4. The tests under emulation: the package and tests/ are copied into the root, and
@@ -27,7 +30,7 @@
 # Knobs (environment):
 #   FASTATTN_ARM_CACHE   where the arm64 root lives (default ~/.cache/fastattn-arm)
 #   FASTATTN_ARM_BUILD   the cross build tree (default build-arm, ignored by git)
-#   FASTATTN_ARM_MIRROR  Debian mirror for debootstrap (default: the host's apt mirror)
+#   FASTATTN_ARM_MIRROR  Debian mirror for mmdebstrap (default: the host's apt mirror)
 #   FASTATTN_ARM_ISAS    ISAs to test (default: every one the build has)
 #   FASTATTN_ARM_TESTS   test paths (default: tests/sdpa tests/family tests/varlen tests/lowp
 #                        tests/layer)
@@ -60,7 +63,7 @@ if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
   mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
 fi
 need=()
-for pkg in qemu-user-static binfmt-support debootstrap g++-aarch64-linux-gnu; do
+for pkg in qemu-user-static binfmt-support mmdebstrap g++-aarch64-linux-gnu; do
   dpkg -s "$pkg" > /dev/null 2>&1 || need+=("$pkg")
 done
 if [[ ${#need[@]} -gt 0 ]]; then
@@ -74,7 +77,9 @@ fi
 tools_done=$(date +%s)
 
 # 2. The arm64 root, remade when its recipe (this list) changes.
-debs=python3,python3-dev,libgomp1
+# dash and coreutils: /bin/sh and env for the chroot (essential packages, which the extract
+# variant leaves out unless named).
+debs=python3,python3-dev,libgomp1,dash,coreutils
 wheels=("numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ml_dtypes>=0.4" "threadpoolctl>=3.5"
   "pytest-xdist>=3")
 recipe="$suite $debs ${wheels[*]}"
@@ -87,10 +92,17 @@ if [[ ! -f $root/.fastattn-recipe || $(cat "$root/.fastattn-recipe") != "$recipe
       grep -E '/debian/?$' | head -n 1 || true)
   fi
   mirror=${mirror:-http://deb.debian.org/debian}
-  echo "+ debootstrap --arch=arm64 --variant=minbase --include=$debs $suite $root $mirror"
+  echo "+ mmdebstrap --variant=extract --architectures=arm64 --include=$debs $suite $root $mirror"
   rm -rf "$root"
-  debootstrap --arch=arm64 --variant=minbase --include="$debs" "$suite" "$root" "$mirror" \
-    > "$cache/debootstrap.log" 2>&1 || { tail -n 30 "$cache/debootstrap.log" >&2; exit 1; }
+  mmdebstrap --mode=root --variant=extract --architectures=arm64 --include="$debs" \
+    "$suite" "$root" "$mirror" > "$cache/mmdebstrap.log" 2>&1 || {
+    tail -n 30 "$cache/mmdebstrap.log" >&2
+    exit 1
+  }
+  # What the unrun package scripts would have made and the job needs.
+  ln -sf dash "$root/bin/sh"
+  mkdir -p "$root/proc" "$root/dev" "$root/tmp" "$root/root"
+  chmod 1777 "$root/tmp"
   pyver=$(cd "$root/usr/include" && ls -d python3.* | head -n 1)
   pytag=${pyver#python}
   echo "+ pip install --platform manylinux_2_28_aarch64 --python-version $pytag ${wheels[*]}"
@@ -110,13 +122,12 @@ fi
 "$cache/host-venv/bin/pip" install -q --disable-pip-version-check "pybind11>=2.12" \
   2> >(grep -v "^WARNING" >&2)
 echo "+ cross-compiling the extension for aarch64 in $build (log: $build/build.log)"
-# A build tree remembers the root's paths (headers, OpenMP's libraries): start over when
-# the root moved.
-if [[ -d $build && $(cat "$build/.arm-root" 2> /dev/null) != "$root" ]]; then
+# A build tree remembers the root's paths: start over when the root moved or was remade.
+if [[ -d $build && $(cat "$build/.arm-root" 2> /dev/null) != "$root $recipe" ]]; then
   rm -rf "$build"
 fi
 mkdir -p "$build"
-echo "$root" > "$build/.arm-root"
+echo "$root $recipe" > "$build/.arm-root"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE="$PWD/tools/aarch64-linux-gnu.cmake" -DFASTATTN_ARM_ROOT="$root" \
   -DCMAKE_CXX_FLAGS="-idirafter $root/usr/include" \

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace fastattn {
 namespace FASTATTN_ISA_NS {
@@ -422,6 +423,19 @@ inline V vmax(V a, V b) {
   return a > b ? a : b;
 }
 
+#if defined(__clang__)
+// Clang has no __builtin_shuffle (GCC's, with a mask vector): the same lane moves through
+// __builtin_shufflevector, whose lane indices are constants, one per lane.
+template <int W, typename V, size_t... I>
+inline V xor_lanes(V x, std::index_sequence<I...>) {
+  return __builtin_shufflevector(x, x, (int(I) ^ W)...);
+}
+template <int Odd, typename V, size_t... I>
+inline V even_or_odd_lanes(V a, V b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, (2 * int(I) + Odd)...);
+}
+#endif
+
 // Rounds w, 2w, ... of reduce_add: lane i gets lane i plus lane i ^ w. The indices are
 // constants, so each round is one in-lane permute or 128-bit block swap and an add, in
 // registers.
@@ -430,9 +444,13 @@ inline Vec<T> add_lane_pairs(Vec<T> x) {
   if constexpr (W >= kLanes<T>) {
     return x;
   } else {
+#if defined(__clang__)
+    return add_lane_pairs<T, 2 * W>(x + xor_lanes<W>(x, std::make_index_sequence<kLanes<T>>()));
+#else
     typename MaskOf<T>::type partner;
     for (int i = 0; i < kLanes<T>; ++i) partner[i] = i ^ W;
     return add_lane_pairs<T, 2 * W>(x + __builtin_shuffle(x, partner));
+#endif
   }
 }
 
@@ -503,6 +521,13 @@ template <typename T>
                                  _mm256_permute2f128_pd(b0, b1, 0x31));
   }
 #endif
+#if defined(__clang__)
+  constexpr auto lanes = std::make_index_sequence<L>();
+  for (int count = L; count > 1; count /= 2)
+    for (int i = 0; i < count / 2; ++i)
+      a[i] = even_or_odd_lanes<0>(a[2 * i], a[2 * i + 1], lanes) +
+             even_or_odd_lanes<1>(a[2 * i], a[2 * i + 1], lanes);
+#else
   typename MaskOf<T>::type even, odd;
   for (int i = 0; i < L; ++i) {
     even[i] = 2 * i;
@@ -512,6 +537,7 @@ template <typename T>
     for (int i = 0; i < count / 2; ++i)
       a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
              __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+#endif
   return a[0];
 }
 
