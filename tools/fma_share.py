@@ -8,8 +8,9 @@ finds every innermost loop (a backward branch whose body holds no other backward
 the functions of one ISA's namespace whose names contain a ``--match`` string, and prints,
 per function, the loop with the most fused multiply-adds: FMAs / all instructions of one
 pass through its body. The defaults name the float32 block micro-kernels of SDPA (and of
-the attention family): the score tile (Q K^T) and the P V tile. A count, not a timing: the
-share says how much of the instruction stream issues arithmetic, whatever the machine.
+the attention family): the score tiles (Q K^T) and the P V tiles, one function per row
+count. A count, not a timing: the share says how much of the instruction stream issues
+arithmetic, whatever the machine.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main(argv=None):
     ap.add_argument(
         "--match",
         nargs="+",
-        default=["scores_tile<float>", "pv_tile<float>"],
+        default=["scores_rows<float", "pv_rows<float"],
         help="function name substrings (default: the float32 score and P V tiles)",
     )
     args = ap.parse_args(argv)
