@@ -77,9 +77,9 @@ fi
 tools_done=$(date +%s)
 
 # 2. The arm64 root, remade when its recipe (this list) changes.
-# dash and coreutils: /bin/sh and env for the chroot (essential packages, which the extract
-# variant leaves out unless named).
-debs=python3,python3-dev,libgomp1,dash,coreutils
+# libstdc++6 for the extension; dash and coreutils for the chroot's /bin/sh and env: packages
+# that no dependency of python3 pulls in (the extract variant installs no essential ones).
+debs=python3,python3-dev,libgomp1,libstdc++6,dash,coreutils
 wheels=("numpy>=1.23" "pytest>=7" "hypothesis>=6.80" "ml_dtypes>=0.4" "threadpoolctl>=3.5"
   "pytest-xdist>=3")
 recipe="$suite $debs ${wheels[*]}"

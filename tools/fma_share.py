@@ -5,12 +5,12 @@
 
 Disassembles the extension (objdump; ``aarch64-linux-gnu-objdump`` for an aarch64 one),
 finds every innermost loop (a backward branch whose body holds no other backward branch) in
-the functions of one ISA's namespace whose names contain a ``--match`` string, and prints,
-per function, the loop with the most fused multiply-adds: FMAs / all instructions of one
-pass through its body. The defaults name the float32 block micro-kernels of SDPA (and of
-the attention family): the score tiles (Q K^T) and the P V tiles, one function per row
-count. A count, not a timing: the share says how much of the instruction stream issues
-arithmetic, whatever the machine.
+the functions of one ISA's namespace whose names contain a ``--match`` string, and prints
+those with at least ``--min-fma`` fused multiply-adds: FMAs / all instructions of one pass
+through the body. The defaults name float32 SDPA's tiled block engine (the score tiles,
+Q K^T, are inlined there) and the P V tile functions; the loops with the most FMAs are
+the register-tile micro-kernels. A count, not a timing: the share says how much of the
+instruction stream issues arithmetic, whatever the machine.
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ def main(argv=None):
     ap.add_argument(
         "--match",
         nargs="+",
-        default=["scores_rows<float", "pv_rows<float"],
-        help="function name substrings (default: the float32 score and P V tiles)",
+        default=["attend_block<float, float, float, false>", "pv_rows<float", "pv_tile<float"],
+        help="function name substrings (default: float32 SDPA's block engine, P V tiles)",
     )
+    ap.add_argument("--min-fma", type=int, default=8, help="loops with fewer are not shown")
     args = ap.parse_args(argv)
     arch = "aarch64" if args.isa in ("neon",) or "aarch64" in args.so else "x86_64"
     objdump = "aarch64-linux-gnu-objdump" if arch == "aarch64" else "objdump"
@@ -95,22 +96,19 @@ def main(argv=None):
     for name, body in functions(text):
         if ns not in name or not any(m in name for m in args.match):
             continue
-        loops = []
         for a, b in innermost_loops(body, branch):
             insns = body[a : b + 1]
             n_fma = sum(1 for _, m, _ in insns if fma.match(m))
-            loops.append((n_fma, -len(insns), insns[0][0]))
-        if loops and max(loops)[0]:
-            n_fma, total, addr = max(loops)
-            found.append((name, n_fma, -total, addr))
+            if n_fma >= args.min_fma:
+                found.append((n_fma, len(insns), insns[0][0], name))
     if not found:
-        print(f"no loop with a multiply-add in {ns}{args.match}", file=sys.stderr)
+        print(f"no loop with {args.min_fma}+ multiply-adds in {ns}{args.match}", file=sys.stderr)
         return 1
-    print(f"{args.so} ({args.isa}): the innermost loop with the most FMAs, per function")
-    for name, n_fma, total, addr in found:
+    print(f"{args.so} ({args.isa}): innermost loops with {args.min_fma}+ FMAs")
+    for n_fma, total, addr, name in sorted(found, key=lambda f: (-f[0], f[1], f[2])):
         print(
             f"  {n_fma} FMAs / {total} instructions = {100 * n_fma / total:.0f} % "
-            f"(loop at {addr:#x}) in {name[:100]}"
+            f"(loop at {addr:#x}) in {name[:90]}"
         )
     return 0
 
