@@ -114,7 +114,9 @@ int available_cpus() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
   const int64_t now = now_ns();
-  if (now - g_quota_read_at.load(std::memory_order_relaxed) > 1'000'000'000) {
+  const int64_t read_at = g_quota_read_at.load(std::memory_order_relaxed);
+  // INT64_MIN: never read (now - INT64_MIN would overflow).
+  if (read_at == INT64_MIN || now - read_at > 1'000'000'000) {
     g_quota_read_at.store(now, std::memory_order_relaxed);
     g_quota_cpus.store(cgroup_cpus(), std::memory_order_relaxed);
   }
