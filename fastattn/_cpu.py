@@ -16,6 +16,7 @@ from fastattn import _core
 from fastattn._prepare import (
     attention_buffers,
     attention_result,
+    batched_qkv,
     contiguous,
     dot_operands,
     extra,
@@ -45,11 +46,7 @@ def sdpa(args, out, want_lse: bool, want_weights: bool, threads: int):
     the block's absolute offset)."""
     # float16/bfloat16 arrays go to the kernel as they are (it widens them block by block).
     dtype, batch = sdpa_storage_dtype(args), args.batch
-    # Convert before broadcasting so a broadcast input is never materialised.
-    kv_dtype = np.dtype(np.int8) if args.int8_kv else dtype
-    q = to_batch(kernel_ready(args.query, dtype), batch)
-    k = to_batch(kernel_ready(args.key, kv_dtype), batch)
-    v = to_batch(kernel_ready(args.value, kv_dtype), batch)
+    q, k, v = batched_qkv(args, dtype, np.dtype(np.int8) if args.int8_kv else dtype)
     scales = {}
     if args.int8_kv:  # float32, unit stride along the keys
         for name in ("key_scale", "value_scale"):
@@ -163,11 +160,8 @@ def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
     normalizer, k_keep, hardmax = selection(normalize, top_k, args.key.shape[-2])
     # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
     # the projection weights are in the compute dtype.
-    dtype, batch = args.compute_dtype, args.batch
-    storage = sdpa_storage_dtype(args)
-    q = to_batch(kernel_ready(args.query, storage), batch)
-    k = to_batch(kernel_ready(args.key, storage), batch)
-    v = to_batch(kernel_ready(args.value, storage), batch)
+    dtype, storage = args.compute_dtype, sdpa_storage_dtype(args)
+    q, k, v = batched_qkv(args, storage)
     wq, wk, wv = (contiguous(w, dtype) for w in (weights_in.w_q, weights_in.w_k, weights_in.w_v))
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
 

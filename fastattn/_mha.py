@@ -443,12 +443,7 @@ class MultiHeadAttention:
             dt = self.dtype
             q_in, k_in, v_in = (a.astype(dt, copy=False) for a in (q_in, k_in, v_in))
 
-            q = split_heads(self.q_proj._apply(q_in), self.num_heads)
-            if kv_cache is None:
-                k = split_heads(self.k_proj._apply(k_in), self.num_kv_heads)
-                v = split_heads(self.v_proj._apply(v_in), self.num_kv_heads)
-                alignment = "top_left"
-            else:
+            if kv_cache is not None:  # checked before anything is projected
                 start, stop = kv_cache_rows(
                     kv_cache,
                     KVCache,
@@ -456,6 +451,12 @@ class MultiHeadAttention:
                     b,
                     k_in.shape[1],
                 )
+            q = split_heads(self.q_proj._apply(q_in), self.num_heads)
+            if kv_cache is None:
+                k = split_heads(self.k_proj._apply(k_in), self.num_kv_heads)
+                v = split_heads(self.v_proj._apply(v_in), self.num_kv_heads)
+                alignment = "top_left"
+            else:
                 rows = slice(start, stop)
                 if kv_cache.quantized:
                     # The new positions projected, then quantised into the cache's rows.

@@ -78,6 +78,18 @@ def to_batch(a: np.ndarray, batch: tuple, trailing: int = 3) -> np.ndarray:
     return np.broadcast_to(a, batch + a.shape[-trailing:])
 
 
+def batched_qkv(args: SdpaArgs, dtype: np.dtype, kv_dtype: np.dtype | None = None):
+    """(q, k, v) of a checked attention call as the kernels read them: q in ``dtype``, k and
+    v in ``kv_dtype`` (default ``dtype``), each converted before it is broadcast to the
+    batch, so a broadcast input is never materialised (views)."""
+    kv = dtype if kv_dtype is None else kv_dtype
+    return (
+        to_batch(kernel_ready(args.query, dtype), args.batch),
+        to_batch(kernel_ready(args.key, kv), args.batch),
+        to_batch(kernel_ready(args.value, kv), args.batch),
+    )
+
+
 def lens_view(valid_lens: np.ndarray, rows_ndim: int, full_rows: tuple) -> np.ndarray:
     """Checked valid_lens (a prefix of the caller's ``rows_ndim``-D rows) as the kernels
     read them: int64, size-1 axes appended up to the rows' dims, broadcast to
