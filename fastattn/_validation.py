@@ -34,10 +34,12 @@ from fastattn._args import (
 )
 from fastattn._checks import (
     _MAX_BATCH_DIMS,
+    broadcast_shape,
     check_alignment,
     check_choice,
     check_flag,
     check_real,
+    check_result_size,
     check_size,
     check_window,
 )
@@ -130,7 +132,7 @@ def check_attn_mask(mask: object, name: str, user_shape: tuple) -> np.ndarray:
     try:
         if m.ndim > len(user_shape):
             raise ValueError
-        if np.broadcast_shapes(m.shape, user_shape) != tuple(user_shape):
+        if broadcast_shape(m.shape, user_shape) != tuple(user_shape):
             raise ValueError
     except ValueError:
         raise ValueError(
@@ -262,15 +264,12 @@ def _layout(
     q3 = q if q.ndim >= 3 else q[None]
     k3 = k if k.ndim >= 3 else k[None]
     v3 = v if v.ndim >= 3 else v[None]
-    try:
-        batch = q3.shape[:-3]
-        if not batch == k3.shape[:-3] == v3.shape[:-3]:
-            batch = np.broadcast_shapes(batch, k3.shape[:-3], v3.shape[:-3])
-    except ValueError:
+    batch = broadcast_shape(q3.shape[:-3], k3.shape[:-3], v3.shape[:-3])
+    if batch is None:
         raise ValueError(
             f"the leading (batch) dims of query {q.shape}, key {k.shape} and value {v.shape} "
             "do not broadcast together"
-        ) from None
+        )
     hq, lq, e = q3.shape[-3:]
     hkv, lk, ek = k3.shape[-3:]
     hv, lv, ev = v3.shape[-3:]
@@ -285,6 +284,7 @@ def _layout(
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
 
     full_out = batch + (hq, lq, ev)
+    check_result_size(full_out, np.dtype(compute).itemsize, "the result")
     out_shape = full_out[len(full_out) - out_ndim :]
     scores = out_shape[:-1] + (lk,)
     mask = None if attn_mask is None else check_attn_mask(attn_mask, "attn_mask", scores)
@@ -552,12 +552,7 @@ def check_head_values(values: object, name: str, heads_shape: tuple) -> np.ndarr
             f"{name} must be a floating-point array (float16, float32 or float64), "
             f"got dtype {a.dtype}"
         )
-    fits = 1 <= a.ndim <= len(heads_shape)
-    if fits:
-        try:
-            fits = np.broadcast_shapes(a.shape, heads_shape) == heads_shape
-        except ValueError:
-            fits = False
+    fits = 1 <= a.ndim <= len(heads_shape) and broadcast_shape(a.shape, heads_shape) == heads_shape
     if not fits:
         raise ValueError(
             f"{name} must have one value per query head: shape ({heads_shape[-1]},) or a shape "
@@ -815,7 +810,7 @@ def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
         if m.dtype != np.bool_:
             raise TypeError(f"mask must be a bool array (True = keep), got dtype {m.dtype}")
         try:
-            if np.broadcast_shapes(m.shape, a.shape) != a.shape:
+            if broadcast_shape(m.shape, a.shape) != a.shape:
                 raise ValueError
         except ValueError:
             raise ValueError(
@@ -861,13 +856,13 @@ def regression_args(x_query, x_keys, y_values, kernel, bandwidth) -> RegressionA
             f"y_values has {y.shape[-2]} entries ({axis}) but x_keys has {xk.shape[-2]} keys "
             f"(x_keys {np.shape(x_keys)}, y_values {np.shape(y_values)})"
         )
-    try:
-        batch = np.broadcast_shapes(xq.shape[:-2], xk.shape[:-2], y.shape[:-2])
-    except ValueError:
+    batch = broadcast_shape(xq.shape[:-2], xk.shape[:-2], y.shape[:-2])
+    if batch is None:
         raise ValueError(
             f"the leading (batch) dims of x_query {np.shape(x_query)}, x_keys "
             f"{np.shape(x_keys)} and y_values {np.shape(y_values)} do not broadcast together"
-        ) from None
+        )
+    check_result_size(batch + xq.shape[-2:-1] + y.shape[-1:], 8, "the result")
     if len(batch) > _MAX_BATCH_DIMS:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
     kernel = check_choice(kernel, "kernel", KERNELS)
@@ -897,7 +892,7 @@ def regression_args(x_query, x_keys, y_values, kernel, bandwidth) -> RegressionA
             f"scales the squared distances), got values from {h.min():.3g} to {h.max():.3g}"
         )
     try:
-        if h.ndim > len(batch) or np.broadcast_shapes(h.shape, batch) != batch:
+        if h.ndim > len(batch) or broadcast_shape(h.shape, batch) != batch:
             raise ValueError
     except ValueError:
         raise ValueError(

@@ -87,3 +87,43 @@ def test_broadcast_key_with_more_than_2_to_the_31_elements():
     # Every key alike: uniform weights, the output is the (repeated) value row. float64:
     # the sums over lk terms are good to lk * eps = 4e-9 (float32's lk * eps would be 4).
     np.testing.assert_allclose(got[0], v[0], rtol=1e-7)
+
+
+_HUGE = 2**33, 2**32  # leading dims whose broadcast product is 2**65: no array holds it
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda q, k: fastattn.scaled_dot_product_attention(q, k, k),
+        lambda q, k: fastattn.attention(q, k, k, score="dot"),
+        lambda q, k: fastattn.additive_attention(
+            q, k, k, np.ones((4, 3)), np.ones((4, 3)), np.ones(3)
+        ),
+        lambda q, k: fastattn.nadaraya_watson(q[..., 0, :, :1], k[..., 0, :, :1], k[..., 0, :, :2]),
+    ],
+    ids=["sdpa", "attention", "additive", "nadaraya_watson"],
+)
+def test_broadcast_result_past_the_array_limit_is_named(call):
+    # The leading dims broadcast: the result's shape is what is too large, and the error
+    # says so (NumPy's np.broadcast_shapes raised a bare "iterator is too large", which
+    # came out as "do not broadcast together").
+    q = np.broadcast_to(np.float32(1.5), (_HUGE[0], 1, 1, 3, 4))
+    k = np.broadcast_to(np.float32(0.5), (1, _HUGE[1], 1, 3, 4))
+    with pytest.raises(ValueError, match=r"the result would have shape \(8589934592, 4294967296"):
+        call(q, k)
+
+
+def test_broadcast_shape_matches_numpy():
+    from fastattn._checks import broadcast_shape
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = tuple(rng.choice([0, 1, 2, 3], size=rng.integers(0, 4)))
+        b = tuple(rng.choice([0, 1, 2, 3], size=rng.integers(0, 4)))
+        try:
+            expected = np.broadcast_shapes(a, b)
+        except ValueError:
+            expected = None
+        assert broadcast_shape(a, b) == expected, (a, b)
+    assert broadcast_shape((2**40, 1), (1, 2**40)) == (2**40, 2**40)
