@@ -17,6 +17,7 @@ from fastattn import _threads
 from fastattn._checks import check_flag
 from fastattn._compute import average_heads, split_heads
 from fastattn._dtypes import is_bfloat16
+from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad, varlen_backward_args
 from fastattn._layer_checks import (
     check_unbatched_mask,
     head_valid_lens,
@@ -59,7 +60,9 @@ __all__ = [
     "nadaraya_watson",
     "quantize_kv",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "varlen_attention",
+    "varlen_attention_backward",
 ]
 
 
@@ -126,6 +129,23 @@ def _alibi_bias(slopes: np.ndarray, num_q: int, num_k: int, diag_offset: int) ->
     i = np.arange(num_q)[:, None] + diag_offset
     j = np.arange(num_k)[None, :]
     return -slopes.astype(np.float64)[..., None, None] * np.abs(j - i)
+
+
+def _sdpa_scores(args, q: np.ndarray, k: np.ndarray):
+    """(q k^T * scale, the scores the softmax reads: softcapped, plus the float mask and
+    the ALiBi bias), float64, full shape."""
+    _, float_mask, _ = attention_masks(args)
+    with np.errstate(invalid="ignore", over="ignore"):
+        raw = (q @ np.swapaxes(k, -1, -2)) * args.scale
+        scores = raw
+        if args.softcap is not None:
+            scores = args.softcap * np.tanh(raw / args.softcap)
+        if float_mask is not None:
+            scores = scores + float_mask.astype(np.float64)
+        _, slopes = head_values(args)
+        if slopes is not None:
+            scores = scores + _alibi_bias(slopes, q.shape[-2], k.shape[-2], args.diag_offset)
+    return raw, scores
 
 
 def scaled_dot_product_attention(
@@ -197,17 +217,8 @@ def scaled_dot_product_attention(
         )
 
     q, k, v = _full_qkv(args)
-    _, float_mask, _ = attention_masks(args)
-    with np.errstate(invalid="ignore", over="ignore"):
-        scores = (q @ np.swapaxes(k, -1, -2)) * args.scale
-        if args.softcap is not None:
-            scores = args.softcap * np.tanh(scores / args.softcap)
-        if float_mask is not None:
-            scores = scores + float_mask.astype(np.float64)
-        sink_view, slopes = head_values(args)
-        if slopes is not None:
-            scores = scores + _alibi_bias(slopes, q.shape[-2], k.shape[-2], args.diag_offset)
-
+    _, scores = _sdpa_scores(args, q, k)
+    sink_view, _ = head_values(args)
     allowed = _allowed(args, q.shape[-2], k.shape[-2])
     weights, lse = _sink_softmax(scores, allowed, sink_view)
     output = _weighted_values(weights, v)  # keys a row does not attend never reach it
@@ -224,6 +235,89 @@ def scaled_dot_product_attention(
     if want_weights:
         extras.append(weights.reshape(args.scores_shape).astype(weights_dtype(args)))
     return (output, *extras) if extras else output
+
+
+def scaled_dot_product_attention_backward(
+    grad_out: ArrayLike,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], ...]:
+    """NumPy twin of :func:`fastattn.scaled_dot_product_attention_backward` (float64
+    inside, whole score matrices): the gradients of ``sum(grad_out * o)``, ``o`` the
+    output of :func:`scaled_dot_product_attention` with the same arguments, with respect
+    to query, key, value (and sinks when given), each in its input's shape and dtype.
+
+    ``out`` and ``lse`` are checked (their shapes) but not read: the twin recomputes the
+    weights from the inputs, so it gives the exact gradient whatever they hold.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = k = v = np.eye(2)
+    >>> o, lse = reference.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    >>> dq, dk, dv = reference.scaled_dot_product_attention_backward(
+    ...     np.ones((2, 2)), q, k, v, o, lse, is_causal=True)
+    >>> dv  # key 0 carries row 0's whole weight and part of row 1's
+    array([[1.33023845, 1.33023845],
+           [0.66976155, 0.66976155]])
+    """
+    args, grad, _, _ = sdpa_backward_args(
+        grad_out,
+        out,
+        lse,
+        query,
+        key,
+        value,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+        sinks,
+        alibi_slopes,
+    )
+    _threads.resolve(num_threads)
+    q, k, v = _full_qkv(args)
+    raw, scores = _sdpa_scores(args, q, k)
+    sink_view, _ = head_values(args)
+    allowed = _allowed(args, q.shape[-2], k.shape[-2])
+    weights, row_lse = _sink_softmax(scores, allowed, sink_view)
+    d_out = grad.astype(np.float64).reshape(args.full_out_shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # D_i = sum_j P_ij dP_ij = grad_out_i . o_i; dS = P * (dP - D), 0 off the mask
+        row_dot = np.sum(d_out * _weighted_values(weights, v), axis=-1, keepdims=True)
+        d_weights = d_out @ np.swapaxes(v, -1, -2)
+        d_scores = np.where(allowed, weights * (d_weights - row_dot), 0.0)
+        if args.softcap is not None:  # d/ds c tanh(s / c) = 1 - tanh(s / c)^2
+            d_scores = d_scores * (1.0 - np.tanh(raw / args.softcap) ** 2)
+        d_q = (d_scores @ k) * args.scale
+        d_k = (np.swapaxes(d_scores, -1, -2) @ q) * args.scale
+        d_v = np.swapaxes(weights, -1, -2) @ d_out
+    grads = [
+        input_grad(d, np.shape(a), src.dtype)
+        for d, a, src in ((d_q, query, args.query), (d_k, key, args.key), (d_v, value, args.value))
+    ]
+    if sink_view is not None:  # the sink is one more key, of value 0: dS_sink = -P_sink D
+        with np.errstate(invalid="ignore", over="ignore"):
+            p_sink = np.exp(sink_view.astype(np.float64)[..., None] - row_lse)
+        p_sink = np.where(allowed.any(axis=-1), p_sink, 0.0)  # such rows return 0
+        grads.append(sinks_grad(-(p_sink * row_dot[..., 0]).sum(axis=-1), args.sinks))
+    return tuple(grads)
 
 
 def varlen_attention(
@@ -306,6 +400,102 @@ def varlen_attention(
     if want_lse:
         return output, lse.astype(args.compute_dtype)
     return output
+
+
+def varlen_attention_backward(
+    grad_out: ArrayLike,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike,
+    *,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], ...]:
+    """NumPy twin of :func:`fastattn.varlen_attention_backward`: the float64 twin of
+    :func:`scaled_dot_product_attention_backward` on each sequence, one at a time (the
+    gradient of ``sinks`` summed over the sequences).
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q = k = v = np.eye(2)[:, None, :]  # two tokens, one head
+    >>> o, lse = reference.varlen_attention(q, k, v, [0, 2], [0, 2], return_lse=True)
+    >>> dq, dk, dv = reference.varlen_attention_backward(
+    ...     np.ones_like(o), q, k, v, o, lse, [0, 2], [0, 2])
+    >>> dv[:, 0]  # each token's value reaches both rows
+    array([[1., 1.],
+           [1., 1.]])
+    """
+    args, grad, _, _ = varlen_backward_args(
+        grad_out,
+        out,
+        lse,
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+        sinks,
+        alibi_slopes,
+    )
+    _threads.resolve(num_threads)
+    q, k, v, g = (
+        np.swapaxes(a.astype(np.float64), 0, 1) for a in (args.query, args.key, args.value, grad)
+    )
+    d_q, d_k, d_v = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    sink_values = None if args.sinks is None else args.sinks.astype(np.float64)
+    d_sinks = None if args.sinks is None else np.zeros(args.sinks.shape)
+    left, right = args.window
+    window_arg = (
+        None if window is None else (left if left >= 0 else None, right if right >= 0 else None)
+    )
+    cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
+    for n in range(cu_q.shape[0] - 1):
+        rows, keys = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+        if rows.stop == rows.start:
+            continue
+        o_n = np.zeros(g[:, rows].shape)  # not read by the twin: its shape only
+        parts = scaled_dot_product_attention_backward(
+            g[:, rows],
+            q[:, rows],
+            k[:, keys],
+            v[:, keys],
+            o_n,
+            o_n[..., 0],
+            is_causal=args.is_causal,
+            causal_alignment=causal_alignment,
+            window=window_arg,
+            scale=args.scale,
+            softcap=args.softcap,
+            sinks=sink_values,
+            alibi_slopes=args.alibi_slopes,
+        )
+        d_q[:, rows] += parts[0]
+        d_k[:, keys] += parts[1]
+        d_v[:, keys] += parts[2]
+        if d_sinks is not None:
+            d_sinks += parts[3]
+    grads = [
+        np.swapaxes(d, 0, 1).astype(a.dtype)
+        for d, a in ((d_q, args.query), (d_k, args.key), (d_v, args.value))
+    ]
+    if d_sinks is not None:
+        grads.append(d_sinks.astype(args.sinks.dtype))
+    return tuple(grads)
 
 
 def merge_attention_states(

@@ -1,0 +1,89 @@
+"""Argument checks and gradient reductions shared by the attention backwards (the fast
+functions in :mod:`fastattn._grad` and their twins in :mod:`fastattn.reference`).
+
+A backward call is the forward's call plus three arrays: ``grad_out`` (the gradient of the
+loss with respect to the forward's output), ``out`` and ``lse`` (what the forward returned
+with ``return_lse=True``). The forward's own arguments go through the forward's checks
+(:func:`fastattn._validation.sdpa_args` / ``varlen_args``), so a backward rejects exactly
+what its forward rejects, with the same messages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastattn._validation import float_array, sdpa_args, varlen_args
+
+
+def _no_int8(key: object, value: object, fn: str) -> None:
+    for name, a in (("key", key), ("value", value)):
+        if isinstance(a, np.ndarray) and a.dtype == np.int8:
+            raise TypeError(
+                f"{fn}: {name} is int8 (a quantised cache), which has no gradient; pass "
+                f"{name} as float16, bfloat16, float32 or float64"
+            )
+
+
+def _state(x: object, name: str, shape: tuple, ref: str) -> np.ndarray:
+    """grad_out / out / lse: a float array of exactly the forward's ``shape``."""
+    a = float_array(x, name, min_ndim=0)
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have the shape of {ref}, {tuple(shape)}, got {a.shape}")
+    return a
+
+
+def backward_states(grad_out, out, lse, out_shape: tuple):
+    """(grad_out, out, lse), checked against the forward's output shape ``out_shape``."""
+    g = _state(grad_out, "grad_out", out_shape, "the forward's output")
+    o = _state(out, "out", out_shape, "the forward's output")
+    lse_ = _state(lse, "lse", out_shape[:-1], "the forward's output without its last axis")
+    return g, o, lse_
+
+
+def sdpa_backward_args(grad_out, out, lse, *forward):
+    """(SdpaArgs, grad_out, out, lse) of a checked scaled_dot_product_attention_backward
+    call; ``forward``: the forward's arguments in :func:`sdpa_args`'s order."""
+    _no_int8(forward[1], forward[2], "scaled_dot_product_attention_backward")
+    args = sdpa_args(*forward)
+    return (args, *backward_states(grad_out, out, lse, args.out_shape))
+
+
+def varlen_backward_args(grad_out, out, lse, *forward):
+    """(VarlenArgs, grad_out, out, lse) of a checked varlen_attention_backward call;
+    ``forward``: the forward's arguments in :func:`varlen_args`'s order."""
+    _no_int8(forward[1], forward[2], "varlen_attention_backward")
+    args = varlen_args(*forward)
+    return (args, *backward_states(grad_out, out, lse, args.out_shape))
+
+
+def sum_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """``g`` summed over the axes that broadcasting added to an array of ``shape``: its
+    extra leading axes, and the axes where ``shape`` has size 1 and ``g`` does not."""
+    lead = g.ndim - len(shape)
+    if lead > 0:
+        g = g.sum(axis=tuple(range(lead)))
+    elif lead < 0:  # ``shape`` has leading size-1 axes that g lacks
+        g = g.reshape((1,) * -lead + g.shape)
+    axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def input_grad(g: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The gradient of one attention input from its per-query-head gradient ``g`` (batch +
+    (Hq, L, E)): summed over each GQA/MQA group of query heads (Hq -> the input's heads)
+    and over the batch dims the input was broadcast along, in the input's ``shape`` (as
+    the caller passed it) and ``dtype``."""
+    shape = tuple(shape)
+    shape3 = shape if len(shape) >= 3 else (1,) + shape
+    hq, heads = g.shape[-3], shape3[-3]
+    if heads != hq and heads:
+        g = g.reshape(g.shape[:-3] + (heads, hq // heads) + g.shape[-2:]).sum(axis=-3)
+    return sum_to_shape(g, shape3).reshape(shape).astype(dtype)
+
+
+def sinks_grad(per_head: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """The gradient of ``sinks`` (as the caller passed them) from its per-head gradient
+    (batch..., Hq)."""
+    return sum_to_shape(per_head, sinks.shape).astype(sinks.dtype)
