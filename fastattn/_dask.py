@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import sys
 import threading
 
@@ -60,11 +59,38 @@ MERGE_FANOUT = 4  # parts per merge task: a tree of depth log4(key chunks)
 # Threads inside a task
 
 
+_blocks_running = 0  # fastattn blocks running in this process now, in any thread
+_blocks_lock = threading.Lock()
+
+
+def _block(fn):
+    """A task function of the graph, counted while it runs: :func:`task_threads` divides
+    the threads among the blocks that run at once in this process."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        global _blocks_running
+        with _blocks_lock:
+            _blocks_running += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _blocks_lock:
+                _blocks_running -= 1
+
+    return run
+
+
 def task_threads(num_threads: int | None) -> int:
     """Threads for one block: ``num_threads`` if given, else fastattn's default divided by
-    the tasks that run beside this one, so the worker's cores are not oversubscribed:
-    a ``distributed`` worker runs ``nthreads`` tasks at once, the threaded scheduler its
-    pool size (``num_workers`` or the CPU count), the synchronous scheduler one."""
+    the tasks that run beside this one, so the worker's cores are not oversubscribed.
+    A ``distributed`` worker runs ``nthreads`` tasks at once; elsewhere (the threaded
+    scheduler, the synchronous one, from the main thread or any other) the divisor is the
+    number of fastattn blocks running in this process at that moment, this one included:
+    a one-block graph, or the synchronous scheduler called from a worker thread, gets all
+    of fastattn's threads; a full pool of blocks gets its share each. (The divisor was
+    the pool's size whenever the block ran off the main thread, which gave a lone block
+    one thread.)"""
     if num_threads is not None:
         return _threads.resolve(num_threads)
     total = _threads.resolve(None)
@@ -78,10 +104,7 @@ def task_threads(num_threads: int | None) -> int:
         if worker is not None:
             slots = getattr(worker, "state", worker).nthreads
     if slots is None:
-        if threading.current_thread() is threading.main_thread():
-            slots = 1  # the synchronous scheduler runs tasks in the caller's thread
-        else:
-            slots = dask.config.get("num_workers", None) or os.cpu_count() or 1
+        slots = _blocks_running
     return max(1, total // max(1, slots))
 
 
@@ -253,6 +276,7 @@ def _constrained(q, k, mask, diag: int, causal: bool, window: tuple):
     return xp.where(keep, mask, mask.dtype.type(-np.inf))
 
 
+@_block
 def _sdpa_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     """``(out, lse)`` of one (query chunk, key chunk) block in the compute dtype."""
     threads = task_threads(opts["num_threads"])
@@ -543,6 +567,7 @@ def _caller_shape(a, shape: tuple):
 # merge_attention_states
 
 
+@_block
 def _merge_block(outputs: list, lses: list, num_threads: int | None):
     """merge_attention_states of NumPy blocks, on the CPU backend (CuPy blocks: refused
     by the CUDA path, which has no merge)."""
@@ -609,6 +634,7 @@ def _arrays(parts_name: str, parts: dict, deps: list, results: list) -> tuple:
 # masked_softmax
 
 
+@_block
 def _softmax_block(x, lens, mask, axis: int, num_threads: int | None):
     threads = task_threads(num_threads)
     if lens is not None:
@@ -665,6 +691,7 @@ def masked_softmax(x, valid_lens=None, *, mask=None, axis=-1, out=None, num_thre
 # attention, additive_attention: keys in one chunk, rows as chunked
 
 
+@_block
 def _family_part(q, k, v, mask, lens, opts: dict, key_start: int, diag: int):
     """One (batch, head, query) block of a family function over all the keys; causal and
     window as a boolean mask at the block's offset (their one-parameter form in the
@@ -823,6 +850,7 @@ def attention(
 # nadaraya_watson: batch dims and query rows chunked, keys in one chunk
 
 
+@_block
 def _regression_block(xq, xk, y, kwargs: dict, num_threads):
     ra = regression_args(xq, xk, y, kwargs["kernel"], kwargs["bandwidth"])
     return _cpu.nadaraya_watson(ra, False, None, task_threads(num_threads))

@@ -269,16 +269,39 @@ def test_worker_killed_mid_computation(client, tmp_path):
 def test_task_threads_do_not_oversubscribe(client):
     """Inside a task: num_threads= when given; else fastattn's default over the tasks that
     run beside it (a single-threaded worker process, started with OMP_NUM_THREADS=1 by its
-    nanny: 1; the threaded scheduler: its pool; the synchronous scheduler: all)."""
-    import os
+    nanny: 1; elsewhere the fastattn blocks running in this process at that moment)."""
+    import threading
 
-    from fastattn._dask import task_threads
+    from fastattn._dask import _block, task_threads
 
     assert client.submit(task_threads, None, pure=False).result() == 1
     assert client.submit(task_threads, 3, pure=False).result() == 3
     default = fastattn.get_num_threads()
-    in_pool = dask.delayed(task_threads)(None).compute(scheduler="threads")
-    assert in_pool == max(1, default // (os.cpu_count() or 1))
-    assert dask.delayed(task_threads)(None).compute(scheduler="sync") == default
+    counted = _block(task_threads)
+    # A lone block gets all the threads on every local scheduler, main thread or not
+    # (it got default // cpu_count in the threaded pool, and from a worker thread).
+    assert dask.delayed(counted)(None).compute(scheduler="threads") == default
+    assert dask.delayed(counted)(None).compute(scheduler="sync") == default
+    from_thread = []
+    worker = threading.Thread(
+        target=lambda: from_thread.append(dask.delayed(counted)(None).compute(scheduler="sync"))
+    )
+    worker.start()
+    worker.join()
+    assert from_thread == [default]
+    # Blocks running at once share them.
+    barrier = threading.Barrier(3)
+
+    @_block
+    def together():
+        barrier.wait()  # all three blocks are running now
+        got = task_threads(None)
+        barrier.wait()  # none leaves before all have counted
+        return got
+
+    got = dask.compute(
+        *[dask.delayed(together)(pure=False) for _ in range(3)], scheduler="threads", num_workers=3
+    )
+    assert list(got) == [max(1, default // 3)] * 3
     with pytest.raises(ValueError, match="num_threads"):
         fastattn.scaled_dot_product_attention(*(da.ones((2, 3, 4)),) * 3, num_threads=0)
