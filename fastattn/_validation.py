@@ -179,9 +179,15 @@ def may_self_overlap(a: np.ndarray) -> bool:
     return False
 
 
+# The options of a call (flags, names, windows, scales): no array memory to share with out.
+_OPTION_TYPES = (bool, int, float, str, tuple)
+
+
 def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.ndarray:
     """A caller-supplied ``out=`` buffer: exact shape and dtype, writeable, no element
-    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds)."""
+    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds). ``inputs``
+    names the arrays the errors use; it may be the whole call as made
+    (:func:`fastattn._dispatch.forwarded`): ``out`` itself and the options are passed over."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     if out.shape != tuple(shape) or out.dtype != dtype:
@@ -197,7 +203,9 @@ def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.nd
             "buffer whose elements are distinct"
         )
     for name, arr in inputs.items():
-        if arr is not None and np.may_share_memory(out, arr):
+        if arr is None or name == "out" or isinstance(arr, _OPTION_TYPES):
+            continue
+        if np.may_share_memory(out, arr):
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")
     return out
 
