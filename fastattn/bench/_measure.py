@@ -233,4 +233,25 @@ def machine_limits(
         limits["read_bandwidth_gbs"] = float(
             _core.read_bandwidth(read_nbytes, threads, read_repeats)
         )
+        limits["read_rate_by_size_gbs"] = {}  # filled by read_rate_at, one probe per size
     return limits
+
+
+def read_rate_at(limits: dict, nbytes: int) -> float | None:
+    """The read rate (GB/s) of a buffer of ``nbytes`` at the limits' thread count, probed
+    once per size in this run (the best of repeats reading about 1 GiB in all). Below
+    the caches' size it is a cache's rate, not DRAM's: a memory-bound row whose bytes fit
+    in a cache is rated against what a read of that size can reach, never against the
+    DRAM bandwidth (which it can pass). None where the build has no probe."""
+    memo = limits.get("read_rate_by_size_gbs")
+    if memo is None:
+        return None
+    if nbytes >= limits["read_nbytes"]:
+        return limits["read_bandwidth_gbs"]
+    key = str(int(nbytes))
+    if key not in memo:
+        from fastattn import _core
+
+        repeats = int(min(20000, max(5, (1 << 30) // max(1, nbytes))))
+        memo[key] = float(_core.read_bandwidth(int(nbytes), limits["threads"], repeats))
+    return memo[key]

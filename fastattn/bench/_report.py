@@ -208,6 +208,16 @@ def limits_lines(doc: dict) -> list[str]:
             f"(`fastattn._core.read_bandwidth`: {_threads(lim)} reading "
             f"a {_size(lim['read_nbytes'])} buffer, best of {lim['read_repeats']})."
         )
+        sizes = lim.get("read_rate_by_size_gbs") or {}
+        if sizes:
+            rates = ", ".join(
+                f"{_size(int(n))} {g:.0f}"
+                for n, g in sorted(sizes.items(), key=lambda x: int(x[0]))
+            )
+            out.append(
+                "- Read rate at each smaller memory-bound row's size (GB/s, same probe, "
+                f"what that row's *% bw* divides by): {rates}."
+            )
     return out + contention_lines(doc)
 
 
@@ -236,9 +246,9 @@ def _threads(lim: dict) -> str:
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
+            return f"{nbytes / scale:.3g} {unit}"
     return f"{nbytes} bytes"
 
 
@@ -260,7 +270,9 @@ METHOD = """\
 - **Bandwidth.** On the memory-bound rows (decode, masked softmax) *GB/s* counts the bytes a
   call must move at least (every input read and the output written once: Q, K, V and the
   output; the scores and the probabilities) per second, and *% bw* divides it by the read
-  bandwidth measured at the start of this run.
+  rate of a buffer of the same size, measured in this run with the same threads (the read
+  bandwidth above for rows larger than its buffer). A row whose bytes fit in a cache is so
+  rated against that cache's rate, not against DRAM's, which it can pass.
 - **Error.** The max absolute difference of each implementation's answer from
   `fastattn.reference` computed in float64, on the first rows of the first key/value head's
   query group of batch entry 0 (at most about 4M scores per check).

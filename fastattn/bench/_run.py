@@ -20,6 +20,7 @@ from fastattn.bench._measure import (
     matmul_rate,
     measure,
     probe_time,
+    read_rate_at,
 )
 
 METHODS = {
@@ -216,7 +217,7 @@ def _measure_row(
     timings = measure(work.candidates, method=method, first_calls=first)
     flops, moved = case.flops(), case.bytes(dtype)
     peak = row_peak(limits, dtype) if case.bound == "compute" else None
-    bw = limits["read_bandwidth_gbs"] if case.bound == "memory" else None
+    bw = read_rate_at(limits, moved) if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():
         results[name] = {
@@ -246,6 +247,7 @@ def _measure_row(
         "flops": flops,
         "bytes": moved,
         "bound": case.bound,
+        "read_rate_gbs": bw,
         "results": results,
         "speedup": {name: t.best / fast for name, t in timings.items() if name != "fastattn"},
     }

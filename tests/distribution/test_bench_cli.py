@@ -295,11 +295,17 @@ def test_machine_limits_in_the_report(monkeypatch, tmp_path):
     monkeypatch.setattr(fastattn._core, "read_bandwidth", read_bandwidth, raising=False)
     doc = _smoke_doc(threads=1)
     # The FMA peak is the best of three probes per dtype.
-    assert sorted(calls) == [
-        *[("fma", "float32", 1, 0.01)] * 3,
-        *[("fma", "float64", 1, 0.01)] * 3,
-        ("read", 1 << 24, 1, 1),
-    ]
+    # The read bandwidth: one probe of the big buffer, then one per memory-bound row size
+    # below it (what that row's % bw divides by).
+    sizes = sorted({r["bytes"] for r in doc["rows"] if r["bound"] == "memory"})
+    assert sorted(calls) == sorted(
+        [
+            *[("fma", "float32", 1, 0.01)] * 3,
+            *[("fma", "float64", 1, 0.01)] * 3,
+            ("read", 1 << 24, 1, 1),
+            *[("read", n, 1, min(20000, max(5, (1 << 30) // n))) for n in sizes if n < 1 << 24],
+        ]
+    )
     lim = doc["limits"]
     assert lim["fma_peak_gflops"] == {"float32": 400.0, "float64": 200.0}
     assert lim["read_bandwidth_gbs"] == 50.0 and lim["isa"] == fastattn._core.active_isa()

@@ -32,3 +32,29 @@ def test_rounds_that_disagree_are_flagged():
 
 def test_report_limits_carry_the_warning():
     assert any("Disturbed run" in line for line in _report.limits_lines(_doc(frac_peak=1.5)))
+
+
+def test_memory_rows_are_rated_against_a_read_of_their_own_size(monkeypatch):
+    # A decode row whose K/V fit in a cache was rated against the DRAM read bandwidth and
+    # showed 174-303 % "bw" on a quiet machine; it is rated against the read rate of a
+    # buffer of its own size instead (probed once per size, same threads).
+    from fastattn import _core
+    from fastattn.bench import _measure
+
+    calls = []
+
+    def probe(nbytes, threads, repeats):
+        calls.append((nbytes, threads, repeats))
+        return 1000.0 if nbytes < (1 << 20) else 20.0
+
+    monkeypatch.setattr(_core, "read_bandwidth", probe)
+    limits = _measure.machine_limits([], threads=2, read_nbytes=1 << 28, read_repeats=3)
+    assert limits["read_bandwidth_gbs"] == 20.0
+    assert _measure.read_rate_at(limits, 64 << 10) == 1000.0
+    assert _measure.read_rate_at(limits, 64 << 10) == 1000.0  # probed once per size
+    assert _measure.read_rate_at(limits, 4 << 20) == 20.0
+    assert _measure.read_rate_at(limits, 1 << 30) == 20.0  # past the big probe: its figure
+    assert [c[:2] for c in calls] == [(1 << 28, 2), (64 << 10, 2), (4 << 20, 2)]
+    assert limits["read_rate_by_size_gbs"] == {str(64 << 10): 1000.0, str(4 << 20): 20.0}
+    lines = "\n".join(_report.limits_lines({"limits": limits, "rows": []}))
+    assert "64 KiB 1000" in lines and "4 MiB 20" in lines
