@@ -23,6 +23,11 @@ from fastattn import reference  # noqa: F401 - fastattn.reference, the oracle
 from fastattn._block_mask import BlockMask, block_mask
 from fastattn._config import show_config
 from fastattn._family import additive_attention, attention, masked_softmax, nadaraya_watson
+from fastattn._family_grad import (
+    additive_attention_backward,
+    masked_softmax_backward,
+    nadaraya_watson_backward,
+)
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
 from fastattn._quantize import quantize_kv
@@ -61,13 +66,16 @@ __all__ = [
     "MultiHeadAttention",
     "__version__",
     "additive_attention",
+    "additive_attention_backward",
     "attention",
     "block_mask",
     "get_include",
     "get_num_threads",
     "masked_softmax",
+    "masked_softmax_backward",
     "merge_attention_states",
     "nadaraya_watson",
+    "nadaraya_watson_backward",
     "plot_attention",
     "quantize_kv",
     "scaled_dot_product_attention",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastattn import _core
+from fastattn._compute import grad_like, head_grad, regression_grads, unread_zeroed
 from fastattn._prepare import (
     attention_buffers,
     attention_result,
@@ -154,9 +155,10 @@ def masked_softmax(args, out, threads: int):
 # attention, additive_attention
 
 
-def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
-    """Prepare, run the additive kernel, finish: additive_attention and
-    attention(score="additive")."""
+def _additive_kernel(args, weights_in, normalize, top_k, want_weights, out, threads):
+    """Run the additive kernel on a checked call: (result, in_place, weights, (q, k, v),
+    (w_q, w_k, w_v)) as the kernel read and wrote them (result and q/k/v in the storage
+    dtype, weights and w_* in the compute dtype)."""
     normalizer, k_keep, hardmax = selection(normalize, top_k, args.key.shape[-2])
     # float16/bfloat16 q/k/v go to the kernel as they are (it widens them as it reads them);
     # the projection weights are in the compute dtype.
@@ -180,7 +182,15 @@ def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
         hardmax=hardmax,
         **shared_options(args, threads),
     )
+    return result, in_place, weights, (q, k, v), (wq, wk, wv)
 
+
+def additive(args, weights_in, normalize, top_k, want_weights, out, threads):
+    """Prepare, run the additive kernel, finish: additive_attention and
+    attention(score="additive")."""
+    result, in_place, weights, _, _ = _additive_kernel(
+        args, weights_in, normalize, top_k, want_weights, out, threads
+    )
     return attention_result(args, out, result, in_place, None, weights)
 
 
@@ -257,3 +267,183 @@ def nadaraya_watson(ra, want_weights: bool, out, threads: int):
 
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
     return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))
+
+
+# --------------------------------------------------------------------------------------
+# Gradients of the family (fastattn._family_grad)
+
+# Entries (rows x keys x hidden, or x features) of one block of the backwards' NumPy
+# tanh/distance chains: a few MiB per temporary.
+_BLOCK_ENTRIES = 1 << 18
+
+
+def _kept(args, lens, keep, shape):
+    """Full-shape bool of the entries a masked_softmax row keeps, or None (all kept)."""
+    allowed = None
+    if lens is not None:
+        allowed = np.arange(shape[-1]) < lens[..., None]
+    if keep is not None:
+        m = np.moveaxis(keep, args.axis, -1)
+        allowed = m if allowed is None else allowed & m
+    return allowed
+
+
+def masked_softmax_backward(args, grad, threads: int):
+    """A checked masked_softmax_backward call (``args``: the SoftmaxArgs of the weights)."""
+    del threads  # NumPy row operations: one thread, deterministic
+    dtype, ax = args.compute_dtype, args.axis
+    w = np.moveaxis(args.x, ax, -1).astype(dtype, copy=False)
+    g = np.moveaxis(grad, ax, -1).astype(dtype, copy=False)
+    keep, lens = softmax_masks(args)
+    allowed = _kept(args, lens, keep, w.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if allowed is not None:  # entries not kept are never read
+            w = np.where(allowed, w, dtype.type(0))
+            g = np.where(allowed, g, dtype.type(0))
+        dot = np.einsum("...j,...j->...", w, g)[..., None]
+        dx = w * (g - dot)
+        if allowed is not None:
+            dx = np.where(allowed, dx, dtype.type(0))
+    return np.moveaxis(dx, -1, ax).astype(args.result_dtype, copy=False)
+
+
+def additive_backward(args, ws, grad_out, inputs, threads: int):
+    """A checked additive_attention_backward call: the forward kernel for the weights P,
+    then the chain rule in NumPy (blocked over rows). ``inputs``: the six arrays as the
+    caller passed them (their shapes and dtypes)."""
+    dtype = args.compute_dtype
+    result, _, p, (q, k, v), (wq, wk, wv) = _additive_kernel(
+        args, ws, "softmax", None, True, None, threads
+    )
+    # Query heads grouped by their key/value head: (batch..., Hkv, group * Lq, ...).
+    hq, num_q, num_k = args.full_out_shape[-3], q.shape[-2], k.shape[-2]
+    hkv = k.shape[-3]
+    grp = hq // max(hkv, 1)
+    lead = args.batch + (hkv,)
+    hidden = wv.shape[0]
+
+    def grouped(a):
+        return a.reshape(lead + (grp * num_q, a.shape[-1]))
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        o = grouped(result.astype(dtype, copy=False))
+        go = grouped(grad_out.reshape(args.full_out_shape).astype(dtype, copy=False))
+        pg = grouped(p)
+        vv = v.astype(dtype, copy=False)
+        kk = k.astype(dtype, copy=False)
+        qq = q.astype(dtype, copy=False)
+        # Keys of weight 0 (hidden, or underflowed) pass nothing on and are not read.
+        dv = np.matmul(np.swapaxes(pg, -1, -2), go)
+        dp = np.matmul(go, np.swapaxes(np.where(np.isnan(vv), dtype.type(0), vv), -1, -2))
+        delta = np.einsum("...ie,...ie->...i", go, o)[..., None]
+        ds = np.where(pg != 0, pg * (dp - delta), dtype.type(0))
+        # The tanh chain. A NaN projection only meets rows whose P is NaN (the key is seen)
+        # or 0 (hidden): zeroing it keeps hidden keys out and NaN rows NaN through dS.
+        qp = grouped(np.matmul(qq, wq))
+        kp = np.matmul(kk, wk)
+        qp = np.where(np.isnan(qp), dtype.type(0), qp)
+        kp = np.where(np.isnan(kp), dtype.type(0), kp)
+        dqp = np.zeros(qp.shape, dtype)
+        dkp = np.zeros(kp.shape, dtype)
+        dwv = np.zeros(hidden, dtype)
+        rows = grp * num_q
+        step = max(1, _BLOCK_ENTRIES // max(1, num_k * hidden))
+        for idx in np.ndindex(*lead):
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                t = np.tanh(qp[idx][r0:r1, None, :] + kp[idx][None, :, :])
+                d_s = ds[idx][r0:r1]
+                dwv += np.einsum("ij,ijh->h", d_s, t)
+                dt = (d_s[:, :, None] * wv) * (1 - t * t)
+                dqp[idx][r0:r1] = dt.sum(axis=1)
+                dkp[idx] += dt.sum(axis=0)
+        dqp_h = dqp.reshape(args.full_out_shape[:-1] + (hidden,))
+        grads = (
+            np.matmul(dqp_h, wq.T),
+            np.matmul(dkp, wk.T),
+            dv,
+            unread_zeroed(qq, dqp_h).reshape(-1, qq.shape[-1]).T @ dqp_h.reshape(-1, hidden),
+            unread_zeroed(kk, dkp).reshape(-1, kk.shape[-1]).T @ dkp.reshape(-1, hidden),
+            dwv,
+        )
+    shaped = (
+        head_grad(grads[0], inputs[0]),
+        head_grad(grads[1], inputs[1], heads_axis=False),
+        head_grad(grads[2], inputs[2], heads_axis=False),
+        grads[3],
+        grads[4],
+        grads[5],
+    )
+    return tuple(grad_like(g, a) for g, a in zip(shaped, inputs, strict=True))
+
+
+def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
+    """A checked nadaraya_watson_backward call: the forward kernel for the weights and the
+    output, then the chain rule in NumPy (blocked over query rows). ``inputs``: x_query,
+    x_keys, y_values as the caller passed them; ``bandwidth`` as passed."""
+    dtype = ra.compute_dtype
+    xq, xk, y = (
+        to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
+        for a in (ra.x_query, ra.x_keys, ra.y_values)
+    )
+    lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
+    f = np.empty(ra.batch + (1, lq, dy), dtype)
+    w = np.empty(ra.batch + (1, lq, lk), dtype)
+    _core.nadaraya_watson(
+        query=xq,
+        key=xk,
+        value=y,
+        out=f,
+        weights=w,
+        bandwidth=ra.bandwidth,
+        kernel=KERNELS.index(ra.kernel),
+        num_threads=threads,
+    )
+    xq, xk, y, f, w = (a[..., 0, :, :] for a in (xq, xk, y, f, w))
+    g = grad_out.astype(dtype, copy=False).reshape(ra.batch + (lq, dy))
+    gauss = ra.kernel == "gaussian"
+    zero = dtype.type(0)
+    gxq = np.zeros(ra.batch + (lq, xq.shape[-1]), dtype)
+    gxk = np.zeros(ra.batch + (lk, xq.shape[-1]), dtype)
+    gh = np.zeros(ra.batch, dtype)
+    gy = np.zeros(ra.batch + (lk, dy), dtype)
+    step = max(1, _BLOCK_ENTRIES // max(1, lk * xq.shape[-1]))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        undefined = np.isnan(w).any(axis=-1) if lk else np.ones(ra.batch + (lq,), dtype=bool)
+        # An undefined row (NaN: no key in the support) passes nothing on.
+        w = np.where(undefined[..., None], zero, w)
+        f = np.where(undefined[..., None], zero, f)
+        gy = np.matmul(np.swapaxes(w, -1, -2), g)
+        gf = np.einsum("...ie,...ie->...i", g, f)[..., None]
+        for idx in np.ndindex(*ra.batch):
+            h = dtype.type(ra.bandwidth[idx])
+            for r0 in range(0, lq, step):
+                r1 = min(lq, r0 + step)
+                diff = xq[idx][r0:r1, None, :] - xk[idx][None, :, :]
+                r = np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))
+                wb = w[idx][r0:r1]
+                if gauss:
+                    reach = wb != 0
+                else:
+                    u = r / h
+                    reach = u <= 1
+                gyd = np.where(reach, g[idx][r0:r1] @ np.swapaxes(y[idx], -1, -2), zero)
+                dw = gyd - gf[idx][r0:r1]
+                if gauss:
+                    coef = -(wb * dw) * r / (h * h)
+                else:
+                    if ra.kernel == "boxcar":
+                        continue
+                    slope = -1.0 if ra.kernel == "triangular" else -1.5 * u
+                    kern = np.where(
+                        reach, 1 - u if ra.kernel == "triangular" else 0.75 * (1 - u * u), zero
+                    )
+                    total = kern.sum(axis=-1, keepdims=True)
+                    coef = np.where(reach & (total > 0), dw / total * slope / h, zero)
+                unit = np.where(r[..., None] > 0, diff / np.where(r > 0, r, 1)[..., None], zero)
+                along = coef[..., None] * unit
+                gxq[idx][r0:r1] = along.sum(axis=1)
+                gxk[idx] -= along.sum(axis=0)
+                gh[idx] -= (coef * r).sum() / h
+        gxq = np.where(undefined[..., None], dtype.type(np.nan), gxq)
+    return regression_grads(ra, gxq, gxk, gy, gh, inputs, bandwidth)

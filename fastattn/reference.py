@@ -15,7 +15,14 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._checks import check_flag
-from fastattn._compute import average_heads, split_heads
+from fastattn._compute import (
+    average_heads,
+    grad_like,
+    head_grad,
+    regression_grads,
+    split_heads,
+    unread_zeroed,
+)
 from fastattn._dtypes import is_bfloat16
 from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad, varlen_backward_args
 from fastattn._layer_checks import (
@@ -36,6 +43,7 @@ from fastattn._validation import (
     additive_args,
     attention_spec,
     check_out,
+    grad_array,
     masked_softmax_args,
     merge_states_args,
     quantize_args,
@@ -43,6 +51,7 @@ from fastattn._validation import (
     result_dtypes,
     sdpa_args,
     set_family_sinks,
+    softmax_backward_args,
     varlen_args,
 )
 
@@ -53,11 +62,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "additive_attention",
+    "additive_attention_backward",
     "attention",
     "masked_softmax",
+    "masked_softmax_backward",
     "merge_attention_states",
     "multi_head_attention",
     "nadaraya_watson",
+    "nadaraya_watson_backward",
     "quantize_kv",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
@@ -1009,3 +1021,193 @@ def quantize_kv(x: ArrayLike, *, axis: int = -1) -> tuple[NDArray[np.int8], NDAr
     divisor = np.where(scale > 0, scale, 1.0).astype(np.float64)
     q = np.clip(np.rint(values / divisor), -127, 127).astype(np.int8)
     return q, np.squeeze(scale, axis=ax)
+
+
+# --------------------------------------------------------------------------------------
+# Gradients of the family (docs/semantics.md#gradients-of-the-family)
+
+
+def masked_softmax_backward(
+    grad: ArrayLike,
+    weights: ArrayLike,
+    valid_lens: ArrayLike | None = None,
+    *,
+    mask: ArrayLike | None = None,
+    axis: int = -1,
+    num_threads: int | None = None,
+) -> NDArray[np.floating]:
+    """NumPy twin of :func:`fastattn.masked_softmax_backward` (float64 inside):
+    ``w * (grad - sum(w * grad))`` over each row's kept entries, 0 elsewhere.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> w = reference.masked_softmax(np.zeros((1, 3)), np.array([2]))
+    >>> reference.masked_softmax_backward(np.array([[1.0, 0.0, 5.0]]), w, np.array([2]))
+    array([[ 0.25, -0.25,  0.  ]])
+    """
+    args, g_in = softmax_backward_args(grad, weights, valid_lens, mask, axis)
+    _threads.resolve(num_threads)
+    ax = args.axis
+    w = np.moveaxis(args.x, ax, -1).astype(np.float64)
+    g = np.moveaxis(g_in, ax, -1).astype(np.float64)
+    keep, lens = softmax_masks(args)
+    allowed = np.ones(w.shape, dtype=bool)
+    if lens is not None:
+        allowed &= np.arange(w.shape[-1]) < lens[..., None]
+    if keep is not None:
+        allowed &= np.moveaxis(keep, ax, -1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.where(allowed, w, 0.0)  # entries not kept are never read
+        gk = np.where(allowed, g, 0.0)
+        dot = (p * gk).sum(axis=-1, keepdims=True)
+        dx = np.where(allowed, p * (gk - dot), 0.0)
+    return np.moveaxis(dx, -1, ax).astype(args.result_dtype)
+
+
+def additive_attention_backward(
+    grad_out: ArrayLike,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    w_q: ArrayLike,
+    w_k: ArrayLike,
+    w_v: ArrayLike,
+    attn_mask: ArrayLike | None = None,
+    *,
+    valid_lens: ArrayLike | None = None,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], ...]:
+    """NumPy twin of :func:`fastattn.additive_attention_backward`: the chain rule through
+    the whole ``(..., Lq, Lk, hidden)`` tensor of :func:`additive_attention`, float64.
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> q, k, v = np.ones((1, 2)), np.ones((3, 2)), np.arange(3.0)[:, None]
+    >>> grads = reference.additive_attention_backward(
+    ...     np.ones((1, 1)), q, k, v, np.eye(2), np.eye(2), np.ones(2))
+    >>> [g.shape for g in grads]
+    [(1, 2), (3, 2), (3, 1), (2, 2), (2, 2), (2,)]
+    >>> grads[2].ravel()  # equal scores: each value row gets a third of the gradient
+    array([0.33333333, 0.33333333, 0.33333333])
+    """
+    args, ws = additive_args(
+        query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
+    )
+    go = grad_array(grad_out, "grad_out", args.out_shape, "the forward's output")
+    _threads.resolve(num_threads)
+    q, k, v = _full_qkv(args)
+    wq, wk, wv = (w.astype(np.float64) for w in (ws.w_q, ws.w_k, ws.w_v))
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    allowed = _allowed(args, num_q, num_k)
+    _, float_mask, _ = attention_masks(args)
+    go = go.reshape(args.full_out_shape).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        qp, kp = q @ wq, k @ wk
+        t = np.tanh(qp[..., :, None, :] + kp[..., None, :, :])  # (..., Lq, Lk, hidden)
+        scores = t @ wv
+        if float_mask is not None:
+            scores = scores + float_mask.astype(np.float64)
+        p, _ = _softmax_rows(scores, allowed)
+        # keys a row does not attend are never read (their k, v may hold NaN)
+        dv = _weighted_values(np.swapaxes(p, -1, -2), go)
+        dp = np.where(allowed, go @ np.swapaxes(v, -1, -2), 0.0)
+        ds = np.where(allowed, p * (dp - (p * dp).sum(axis=-1, keepdims=True)), 0.0)
+        dt = np.where(allowed[..., None], ds[..., None] * (1.0 - t * t) * wv, 0.0)
+        dqp, dkp = dt.sum(axis=-2), dt.sum(axis=-3)
+        dwv = np.where(allowed[..., None], ds[..., None] * t, 0.0).reshape(-1, wv.shape[0])
+        grads = (
+            head_grad(dqp @ wq.T, query),
+            head_grad(dkp @ wk.T, key),
+            head_grad(dv, value),
+            unread_zeroed(q, dqp).reshape(-1, q.shape[-1]).T @ dqp.reshape(-1, wv.shape[0]),
+            unread_zeroed(k, dkp).reshape(-1, k.shape[-1]).T @ dkp.reshape(-1, wv.shape[0]),
+            dwv.sum(axis=0),
+        )
+    return tuple(
+        grad_like(g, a) for g, a in zip(grads, (query, key, value, w_q, w_k, w_v), strict=True)
+    )
+
+
+def _kernel_and_slope(kernel: str, u: np.ndarray):
+    """(K(u), dK/du) of a compact kernel inside its support ``u <= 1``, 0 outside; at
+    ``u = 1`` the derivative from inside."""
+    inside = u <= 1.0  # NaN distances are outside
+    if kernel == "boxcar":
+        return np.where(inside, 1.0, 0.0), np.zeros(u.shape)
+    if kernel == "triangular":
+        return np.where(inside, 1.0 - u, 0.0), np.where(inside, -1.0, 0.0)
+    return np.where(inside, 0.75 * (1.0 - u * u), 0.0), np.where(inside, -1.5 * u, 0.0)
+
+
+def nadaraya_watson_backward(
+    grad_out: ArrayLike,
+    x_query: ArrayLike,
+    x_keys: ArrayLike,
+    y_values: ArrayLike,
+    *,
+    kernel: Literal["gaussian", "boxcar", "triangular", "epanechnikov"] = "gaussian",
+    bandwidth: float | ArrayLike | Literal["silverman"] = 1.0,
+    num_threads: int | None = None,
+) -> tuple:
+    """NumPy twin of :func:`fastattn.nadaraya_watson_backward` (float64, whole weight and
+    distance matrices).
+
+    >>> import numpy as np
+    >>> from fastattn import reference
+    >>> x = np.array([0.0, 1.0, 2.0])
+    >>> gq, gk, gy, gh = reference.nadaraya_watson_backward(
+    ...     np.ones(1), np.array([0.5]), x, x, kernel="triangular")
+    >>> gq, gy, gh
+    (array([1.]), array([0.5, 0.5, 0. ]), 0.0)
+    """
+    ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
+    go = grad_array(grad_out, "grad_out", ra.out_shape, "the forward's output")
+    _threads.resolve(num_threads)
+    xq, xk, y = (
+        to_batch(a, ra.batch, 2).astype(np.float64) for a in (ra.x_query, ra.x_keys, ra.y_values)
+    )
+    lq, lk = xq.shape[-2], xk.shape[-2]
+    g = go.astype(np.float64).reshape(ra.batch + (lq, y.shape[-1]))
+    h = ra.bandwidth[..., None, None]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = xq[..., :, None, :] - xk[..., None, :, :]  # (batch..., Lq, Lk, D)
+        r = np.sqrt((diff * diff).sum(axis=-1))
+        u = r / h
+        if lk == 0:
+            w = np.zeros(u.shape)
+            undefined = np.ones(u.shape[:-1] + (1,), dtype=bool)
+        elif ra.kernel == "gaussian":
+            scores = -u * u / 2.0
+            w = _softmax_rows(scores, np.ones(u.shape, dtype=bool))[0]
+            undefined = np.isnan(w).any(axis=-1, keepdims=True) | np.isneginf(scores).all(
+                axis=-1, keepdims=True
+            )
+        else:
+            kern, slope = _kernel_and_slope(ra.kernel, u)
+            reach = u <= 1.0
+            total = kern.sum(axis=-1, keepdims=True)
+            undefined = total == 0
+            w = kern / np.where(undefined, 1.0, total)
+        w = np.where(undefined, 0.0, w)  # an undefined row passes no gradient on
+        if ra.kernel == "gaussian" or lk == 0:
+            reach = w != 0  # keys of weight 0 are never read
+        f = _weighted_values(w, y)
+        # dL/dw_ij = g_i . y_j; through the normalisation: g_i . (y_j - f_i) / sum_j K_ij
+        gy_dot = np.where(reach, g @ np.swapaxes(y, -1, -2), 0.0)
+        dw = gy_dot - (g * f).sum(-1, keepdims=True)
+        if lk == 0:
+            coef = np.zeros(u.shape)  # dL/dr_ij
+        elif ra.kernel == "gaussian":  # w = softmax(-r^2 / (2 h^2))
+            coef = -(w * dw) * r / (h * h)
+        else:  # w = K(r / h) / sum: dL/dK_ij = dw_ij / sum, dK/dr = K'(u) / h
+            coef = np.where(undefined, 0.0, dw / np.where(undefined, 1.0, total) * slope / h)
+        unit = np.where(r[..., None] > 0, diff / np.where(r > 0, r, 1.0)[..., None], 0.0)
+        along = coef[..., None] * unit  # dL/dx_query_i's term of key j
+        gxq = np.where(undefined, np.nan, along.sum(axis=-2))
+        gxk = -along.sum(axis=-3)
+        gy = np.swapaxes(w, -1, -2) @ g
+        gh = -(coef * r).sum(axis=(-1, -2)) / ra.bandwidth  # dr/dh of u fixed: r / h
+    return regression_grads(ra, gxq, gxk, gy, gh, (x_query, x_keys, y_values), bandwidth)
