@@ -6,6 +6,7 @@
 #include "api/family.h"
 #include "bindings/array_ref.h"
 #include "bindings/attention_args.h"
+#include "bindings/interruptible.h"
 
 namespace py = pybind11;
 
@@ -22,9 +23,13 @@ void register_family(py::module_& m) {
         call.mask = array_ref(mask, "mask");
         call.valid_lens = array_ref(valid_lens, "valid_lens");
         call.num_threads = num_threads;
-        // The arrays stay referenced by the caller's frame while the GIL is released.
-        py::gil_scoped_release release;
-        masked_softmax(call);
+        Interruptible ctrl_c;  // Ctrl-C between the kernel's row chunks
+        {
+          // The arrays stay referenced by the caller's frame while the GIL is released.
+          py::gil_scoped_release release;
+          masked_softmax(call);
+        }
+        ctrl_c.check();
       },
       py::arg("x"), py::arg("out"), py::arg("mask"), py::arg("valid_lens"), py::arg("num_threads"),
       "Softmax over the last axis of validated arrays (see fastattn/_family.py).");

@@ -369,9 +369,13 @@ void register_sdpa(py::module_& m) {
         call.out = array_ref(out, "out");
         call.lse = array_ref(lse, "lse");
         call.num_threads = num_threads;
-        // The sequences (and so the arrays) stay referenced by the caller's frame.
-        py::gil_scoped_release release;
-        merge_attention_states(call);
+        Interruptible ctrl_c;  // Ctrl-C between the kernel's row chunks
+        {
+          // The sequences (and so the arrays) stay referenced by the caller's frame.
+          py::gil_scoped_release release;
+          merge_attention_states(call);
+        }
+        ctrl_c.check();
       },
       py::arg("outputs"), py::arg("lses"), py::arg("out"), py::arg("lse"), py::arg("num_threads"),
       "Merges partial attention states by log-sum-exp (see fastattn/_sdpa.py).");

@@ -17,6 +17,7 @@
 
 #include "api/params.h"
 #include "kernels/online_softmax-inl.h"
+#include "kernels/parallel-inl.h"
 #include "simd/convert-inl.h"
 #include "simd/vec-inl.h"
 
@@ -103,8 +104,7 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
   const bool x_unit = kSame && p.x.col_stride == 1, o_unit = kSame && p.out.col_stride == 1;
   const bool m_unit = !p.mask.data || p.mask.col_stride == 1 || p.mask.col_stride == 0;
   bool failed = false;
-#pragma omp parallel num_threads(threads)
-  {
+  parallel_region(threads, [&] {
     // Scratch for rows that are not unit-stride: gathered x, the row's output, its mask.
     T* xbuf = nullptr;
     T* obuf = nullptr;
@@ -122,7 +122,7 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
     int64_t coord[kMaxRowDims];
 #pragma omp for schedule(static) nowait  // (each thread frees only its own scratch)
     for (int64_t c = 0; c < chunks; ++c) {
-      if (!ok) continue;
+      if (!ok || interrupted()) continue;  // (Ctrl-C: the call raises)
       const int64_t r0 = c * chunk, r1 = imin(rows, r0 + chunk);
       int64_t xo = 0, oo = 0, mo = 0, vo = 0;  // element offsets of row r
       for (int64_t d = nd - 1, rest = r0; d >= 0; --d) {
@@ -178,7 +178,7 @@ bool masked_softmax(const MaskedSoftmaxParams& p) {
     std::free(xbuf);
     std::free(obuf);
     std::free(mbuf);
-  }
+  });
   return !failed;
 }
 

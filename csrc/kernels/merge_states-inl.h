@@ -17,6 +17,7 @@
 #include <cstdlib>
 
 #include "api/params.h"
+#include "kernels/parallel-inl.h"
 #include "simd/vec-inl.h"
 
 namespace fastattn {
@@ -72,8 +73,7 @@ bool merge_states(const MergeStatesParams& p) {
   const int64_t chunks = (rows + chunk - 1) / chunk;
   const int threads = int(imax(1, imin(p.num_threads, chunks)));
   bool failed = false;
-#pragma omp parallel num_threads(threads)
-  {
+  parallel_region(threads, [&] {
     // Per row: the parts that saw a key (their output rows and weights).
     const size_t bytes = size_t(parts) * (sizeof(const T*) + 2 * sizeof(T));
     void* scratch = std::malloc(bytes);
@@ -87,7 +87,7 @@ bool merge_states(const MergeStatesParams& p) {
     int64_t coord[kMaxRowDims];
 #pragma omp for schedule(static) nowait  // (each thread frees only its own scratch)
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      if (!scratch) continue;
+      if (!scratch || interrupted()) continue;  // (Ctrl-C: the call raises)
       const int64_t r0 = ch * chunk, r1 = imin(rows, r0 + chunk);
       for (int64_t d = nd - 1, rest = r0; d >= 0; --d) {
         coord[d] = rest % p.row_shape[d];
@@ -138,7 +138,7 @@ bool merge_states(const MergeStatesParams& p) {
       }
     }
     std::free(scratch);
-  }
+  });
   return !failed;
 }
 

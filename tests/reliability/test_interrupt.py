@@ -28,6 +28,11 @@ CHILD = textwrap.dedent(
         "fast": lambda: fastattn.scaled_dot_product_attention(q, k, v),
         "full": lambda: fastattn.scaled_dot_product_attention(q, k, v, return_lse=True),
         "one-thread": lambda: fastattn.scaled_dot_product_attention(q, k, v, num_threads=1),
+        # memory-bound, about a second on one thread: x is a broadcast row (no memory),
+        # the 2 GiB result is written (and faulted in) by the call
+        "masked_softmax": lambda: fastattn.masked_softmax(
+            np.broadcast_to(np.linspace(-3.0, 3.0, 1024), (262144, 1024)), num_threads=1
+        ),
     }
     for name, call in calls.items():
         print("ready", name, flush=True)
@@ -55,7 +60,7 @@ def test_ctrl_c_interrupts_long_calls_within_half_a_second():
         cwd=os.path.dirname(__file__),  # not the checkout's root: its fastattn/ is uncompiled
     ) as proc:
         delays = {}
-        for name in ("fast", "full", "one-thread"):
+        for name in ("fast", "full", "one-thread", "masked_softmax"):
             line = proc.stdout.readline().split()
             assert line[:2] == ["ready", name], line + [proc.stderr.read()]
             time.sleep(0.4)  # inside the call
