@@ -41,7 +41,25 @@ struct ThreadDefaults {
   std::string fa, omp;
   int parsed = -1;
 };
-ThreadDefaults g_threads;  // read and written with the GIL held
+ThreadDefaults g_threads;  // read and written under StateLock
+
+// The fast path's shared state (g_threads, the keyword-name cache of bind_args) is guarded
+// by the GIL on a default build; on a free-threaded build (Py_GIL_DISABLED), where calls
+// from several threads run this code at once, by a PyMutex (which lets the interpreter
+// stop the world while a thread waits for it). Nothing inside calls into Python code.
+#ifdef Py_GIL_DISABLED
+PyMutex g_state_mutex = {0};
+struct StateLock {
+  StateLock() { PyMutex_Lock(&g_state_mutex); }
+  ~StateLock() { PyMutex_Unlock(&g_state_mutex); }
+  StateLock(const StateLock&) = delete;
+  StateLock& operator=(const StateLock&) = delete;
+};
+#else
+struct StateLock {
+  StateLock() {}  // the GIL is held
+};
+#endif
 
 // The count one environment value gives, or 0 when it is empty (look further), or -1 for
 // a form this parser leaves to Python's (which accepts more, or raises).
@@ -98,7 +116,10 @@ int default_threads() {
 int resolve_threads(PyObject* num_threads) {
   int n;
   if (num_threads == Py_None) {
-    n = default_threads();
+    {
+      StateLock lock;
+      n = default_threads();
+    }
     if (n == kAvailableCpus) return in_forked_child() ? 1 : n;
   } else {
     if (!PyLong_CheckExact(num_threads)) return -1;  // bools and the like: Python's rules
@@ -161,15 +182,18 @@ bool bind_args(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObj
   if (kwnames) {
     const Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
     if (nk > kNumFastArgs) return false;
+    StateLock lock;
     if (kwnames != g_last_kwnames) {
+      int slots[kNumFastArgs];  // (the cache changes only for names that all matched)
       for (Py_ssize_t j = 0; j < nk; ++j) {
         int found = -1;
         for (int i = 0; i < kNumFastArgs && found < 0; ++i)
           if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, j), kFastArgNames[i]) == 0)
             found = i;
         if (found < 0) return false;
-        g_last_slots[j] = found;
+        slots[j] = found;
       }
+      std::copy(slots, slots + nk, g_last_slots);
       Py_XDECREF(g_last_kwnames);
       Py_INCREF(kwnames);
       g_last_kwnames = kwnames;
@@ -411,6 +435,7 @@ void register_sdpa(py::module_& m) {
   m.def(
       "set_thread_defaults",
       [](int setting, int cap) {
+        StateLock lock;
         g_threads.setting = setting;
         set_thread_cap(cap);
         g_threads.seen = false;  // parse the environment again
@@ -420,7 +445,11 @@ void register_sdpa(py::module_& m) {
   m.def(
       "default_threads",
       [] {
-        const int n = default_threads();
+        int n;
+        {
+          StateLock lock;
+          n = default_threads();
+        }
         return n == -1 ? -1 : resolve_available(n);
       },
       "The thread count a call without num_threads= gets (capped, 1 in a forked child), or "
