@@ -1,6 +1,6 @@
 """Computations shared by the fast functions and the NumPy twins beside the kernels:
-Silverman's bandwidth (and its derivative), the head split and head average of the
-layer, and the reductions of the family's gradients to their inputs' shapes. (The scores
+Silverman's bandwidth (and its derivative), and the head split and head average of the
+layer. (The scores
 rewritten as dot products, for the kernels, are in :mod:`fastattn._prepare`.)"""
 
 from __future__ import annotations
@@ -70,69 +70,6 @@ def silverman_bandwidth_grad(x_keys: np.ndarray, grad_h: np.ndarray) -> np.ndarr
             at = order[..., place : place + 1]
             np.put_along_axis(dq, at, np.take_along_axis(dq, at, -1) + sign * coeff, axis=-1)
     return grad + np.where(use_iqr, grad_h * c / 1.34, 0.0)[..., None, None] * dq[..., None]
-
-
-def sum_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
-    """``g`` summed over the axes broadcasting added to an array of ``shape`` (its extra
-    leading axes and the axes where ``shape`` has size 1), reshaped to ``shape``."""
-    lead = g.ndim - len(shape)
-    if lead > 0:
-        g = g.sum(axis=tuple(range(lead)))
-    elif lead < 0:
-        g = g.reshape((1,) * -lead + g.shape)
-    axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape)
-
-
-def head_grad(g: np.ndarray, like: np.ndarray, heads_axis: bool = True) -> np.ndarray:
-    """The gradient of an attention input ``like`` from its gradient per query head
-    ``g`` (batch... + (Hq, L, E)): summed over each GQA/MQA group (Hq -> ``like``'s heads)
-    and over the batch dims ``like`` was broadcast along; ``like``'s shape (not dtype)."""
-    shape3 = like.shape if like.ndim >= 3 else (1,) + like.shape
-    hq, heads = g.shape[-3], shape3[-3]
-    if heads_axis and heads != hq and heads:
-        g = g.reshape(g.shape[:-3] + (heads, hq // heads) + g.shape[-2:]).sum(axis=-3)
-    return sum_to_shape(g, shape3).reshape(like.shape)
-
-
-def unread_zeroed(x: np.ndarray, grad: np.ndarray) -> np.ndarray:
-    """``x`` (rows of features) with the rows whose projection gradient ``grad`` is all 0
-    set to 0: rows no weight reaches (hidden keys, rows that see no key) are not read, so
-    a NaN or inf there stays out of the weights' gradients."""
-    return np.where((grad == 0).all(axis=-1, keepdims=True), x.dtype.type(0), x)
-
-
-def grad_like(g: np.ndarray, like: object) -> np.ndarray:
-    """A gradient in the dtype of the input ``like`` as the caller passed it."""
-    return g.astype(np.asarray(like).dtype, copy=False)
-
-
-def regression_grads(ra, gxq, gxk, gy, gh, inputs: tuple, bandwidth) -> tuple:
-    """nadaraya_watson_backward's result from the per-batch-entry gradients (``gh``: of
-    each entry's bandwidth, ``ra.batch``): x_query, x_keys, y_values (``inputs``, as the
-    caller passed them) in their shapes and dtypes, then the bandwidth's -- a float for a
-    scalar, an array of its shape for an array, None for "silverman", whose ``h`` is a
-    function of ``x_keys``: its gradient goes to ``x_keys`` through the rule."""
-    gxk = sum_to_shape(gxk, ra.x_keys.shape)
-    grad_h = None
-    gh = gh.astype(np.float64)
-    if isinstance(bandwidth, str):
-        gxk = gxk + silverman_bandwidth_grad(ra.x_keys, sum_to_shape(gh, ra.x_keys.shape[:-2]))
-    elif np.ndim(bandwidth) == 0:
-        grad_h = float(gh.sum())
-    else:
-        grad_h = sum_to_shape(gh, np.shape(bandwidth))
-    shaped = (
-        sum_to_shape(gxq, ra.x_query.shape),
-        gxk,
-        sum_to_shape(gy, ra.y_values.shape),
-    )
-    return (
-        *(grad_like(g.reshape(np.shape(a)), a) for g, a in zip(shaped, inputs, strict=True)),
-        grad_h,
-    )
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastattn import _core
-from fastattn._compute import grad_like, head_grad, regression_grads, unread_zeroed
+from fastattn._grad_args import grad_like, input_grad, regression_grads, unread_zeroed
 from fastattn._prepare import (
     attention_buffers,
     attention_result,
@@ -367,9 +367,9 @@ def additive_backward(args, ws, grad_out, inputs, threads: int):
             dwv,
         )
     shaped = (
-        head_grad(grads[0], inputs[0]),
-        head_grad(grads[1], inputs[1], heads_axis=False),
-        head_grad(grads[2], inputs[2], heads_axis=False),
+        input_grad(grads[0], np.shape(inputs[0]), grads[0].dtype),
+        input_grad(grads[1], np.shape(inputs[1]), grads[1].dtype),  # (already per kv head)
+        input_grad(grads[2], np.shape(inputs[2]), grads[2].dtype),
         grads[3],
         grads[4],
         grads[5],

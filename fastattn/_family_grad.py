@@ -15,12 +15,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _cpu, _dispatch, _threads
-from fastattn._validation import (
-    additive_args,
-    grad_array,
-    regression_args,
-    softmax_backward_args,
-)
+from fastattn._grad_args import grad_out_array, softmax_backward_args
+from fastattn._validation import additive_args, regression_args
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
@@ -172,7 +168,7 @@ def additive_attention_backward(
     args, ws = additive_args(
         query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
     )
-    go = grad_array(grad_out, "grad_out", args.out_shape, "the forward's output")
+    go = grad_out_array(grad_out, args.out_shape)
     return _cpu.additive_backward(
         args, ws, go, (query, key, value, w_q, w_k, w_v), _threads.resolve(num_threads)
     )
@@ -242,7 +238,7 @@ def nadaraya_watson_backward(
     """
     _numpy_only("nadaraya_watson_backward", grad_out, x_query, x_keys, y_values)
     ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
-    go = grad_array(grad_out, "grad_out", ra.out_shape, "the forward's output")
+    go = grad_out_array(grad_out, ra.out_shape)
     return _cpu.nadaraya_watson_backward(
         ra, go, (x_query, x_keys, y_values), bandwidth, _threads.resolve(num_threads)
     )

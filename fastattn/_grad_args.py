@@ -1,5 +1,6 @@
 """Argument checks and gradient reductions shared by the attention backwards (the fast
-functions in :mod:`fastattn._grad` and their twins in :mod:`fastattn.reference`).
+functions in :mod:`fastattn._grad` and :mod:`fastattn._family_grad`, and their twins in
+:mod:`fastattn.reference`).
 
 A backward call is the forward's call plus three arrays: ``grad_out`` (the gradient of the
 loss with respect to the forward's output), ``out`` and ``lse`` (what the forward returned
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastattn._validation import float_array, sdpa_args, varlen_args
+from fastattn._compute import silverman_bandwidth_grad
+from fastattn._validation import float_array, masked_softmax_args, sdpa_args, varlen_args
 
 
 def _no_int8(key: object, value: object, fn: str) -> None:
@@ -87,3 +89,63 @@ def sinks_grad(per_head: np.ndarray, sinks: np.ndarray) -> np.ndarray:
     """The gradient of ``sinks`` (as the caller passed them) from its per-head gradient
     (batch..., Hq)."""
     return sum_to_shape(per_head, sinks.shape).astype(sinks.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# The family's backwards (fastattn._family_grad and their twins)
+
+
+def grad_out_array(grad_out, shape: tuple) -> np.ndarray:
+    """The incoming gradient of a family backward: a float array of the forward's output
+    ``shape``."""
+    return _state(grad_out, "grad_out", shape, "the forward's output")
+
+
+def softmax_backward_args(grad, weights, valid_lens, mask, axis):
+    """(SoftmaxArgs of ``weights``, grad) of a masked_softmax_backward call: ``weights`` is
+    the forward's result, checked as the forward checks ``x`` (and named ``weights``)."""
+    w = float_array(weights, "weights", min_ndim=1)
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -w.ndim <= axis < w.ndim:
+        raise ValueError(f"axis {axis} is out of bounds for weights with {w.ndim} dimensions")
+    g = _state(grad, "grad", w.shape, "weights")
+    return masked_softmax_args(w, valid_lens, mask, axis, None), g
+
+
+def grad_like(g: np.ndarray, like: object) -> np.ndarray:
+    """A gradient in the dtype of the input ``like`` as the caller passed it."""
+    return g.astype(np.asarray(like).dtype, copy=False)
+
+
+def unread_zeroed(x: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """``x`` (rows of features) with the rows whose projection gradient ``grad`` is all 0
+    set to 0: rows no weight reaches (hidden keys, rows that see no key) are not read, so
+    a NaN or inf there stays out of the weights' gradients."""
+    return np.where((grad == 0).all(axis=-1, keepdims=True), x.dtype.type(0), x)
+
+
+def regression_grads(ra, gxq, gxk, gy, gh, inputs: tuple, bandwidth) -> tuple:
+    """nadaraya_watson_backward's result from the per-batch-entry gradients (``gh``: of
+    each entry's bandwidth, ``ra.batch``): x_query, x_keys, y_values (``inputs``, as the
+    caller passed them) in their shapes and dtypes, then the bandwidth's -- a float for a
+    scalar, an array of its shape for an array, None for "silverman", whose ``h`` is a
+    function of ``x_keys``: its gradient goes to ``x_keys`` through the rule."""
+    gxk = sum_to_shape(gxk, ra.x_keys.shape)
+    grad_h = None
+    gh = gh.astype(np.float64)
+    if isinstance(bandwidth, str):
+        gxk = gxk + silverman_bandwidth_grad(ra.x_keys, sum_to_shape(gh, ra.x_keys.shape[:-2]))
+    elif np.ndim(bandwidth) == 0:
+        grad_h = float(gh.sum())
+    else:
+        grad_h = sum_to_shape(gh, np.shape(bandwidth))
+    shaped = (
+        sum_to_shape(gxq, ra.x_query.shape),
+        gxk,
+        sum_to_shape(gy, ra.y_values.shape),
+    )
+    return (
+        *(grad_like(g.reshape(np.shape(a)), a) for g, a in zip(shaped, inputs, strict=True)),
+        grad_h,
+    )

@@ -827,27 +827,6 @@ def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
     return SoftmaxArgs(a, ax, result, compute, m, vl)
 
 
-def grad_array(grad: object, name: str, shape: tuple, what: str) -> np.ndarray:
-    """A backward's incoming gradient: a float array of exactly the forward result's
-    ``shape`` (``what`` names that result)."""
-    g = float_array(grad, name, min_ndim=0)
-    if g.shape != tuple(shape):
-        raise ValueError(f"{name} must have the shape of {what}, {tuple(shape)}, got {g.shape}")
-    return g
-
-
-def softmax_backward_args(grad, weights, valid_lens, mask, axis):
-    """(SoftmaxArgs of ``weights``, grad) of a masked_softmax_backward call: ``weights`` is
-    the forward's result, checked as the forward checks ``x`` (and named ``weights``)."""
-    w = float_array(weights, "weights", min_ndim=1)
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    if not -w.ndim <= axis < w.ndim:
-        raise ValueError(f"axis {axis} is out of bounds for weights with {w.ndim} dimensions")
-    g = grad_array(grad, "grad", w.shape, "weights")
-    return masked_softmax_args(w, valid_lens, mask, axis, None), g
-
-
 # --------------------------------------------------------------------------------------
 # nadaraya_watson
 

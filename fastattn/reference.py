@@ -17,14 +17,20 @@ from fastattn import _threads
 from fastattn._checks import check_flag
 from fastattn._compute import (
     average_heads,
-    grad_like,
-    head_grad,
-    regression_grads,
     split_heads,
-    unread_zeroed,
 )
 from fastattn._dtypes import is_bfloat16
-from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad, varlen_backward_args
+from fastattn._grad_args import (
+    grad_like,
+    grad_out_array,
+    input_grad,
+    regression_grads,
+    sdpa_backward_args,
+    sinks_grad,
+    softmax_backward_args,
+    unread_zeroed,
+    varlen_backward_args,
+)
 from fastattn._layer_checks import (
     check_unbatched_mask,
     head_valid_lens,
@@ -43,7 +49,6 @@ from fastattn._validation import (
     additive_args,
     attention_spec,
     check_out,
-    grad_array,
     masked_softmax_args,
     merge_states_args,
     quantize_args,
@@ -51,7 +56,6 @@ from fastattn._validation import (
     result_dtypes,
     sdpa_args,
     set_family_sinks,
-    softmax_backward_args,
     varlen_args,
 )
 
@@ -1096,7 +1100,7 @@ def additive_attention_backward(
     args, ws = additive_args(
         query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
     )
-    go = grad_array(grad_out, "grad_out", args.out_shape, "the forward's output")
+    go = grad_out_array(grad_out, args.out_shape)
     _threads.resolve(num_threads)
     q, k, v = _full_qkv(args)
     wq, wk, wv = (w.astype(np.float64) for w in (ws.w_q, ws.w_k, ws.w_v))
@@ -1119,9 +1123,9 @@ def additive_attention_backward(
         dqp, dkp = dt.sum(axis=-2), dt.sum(axis=-3)
         dwv = np.where(allowed[..., None], ds[..., None] * t, 0.0).reshape(-1, wv.shape[0])
         grads = (
-            head_grad(dqp @ wq.T, query),
-            head_grad(dkp @ wk.T, key),
-            head_grad(dv, value),
+            input_grad(dqp @ wq.T, np.shape(query), np.float64),
+            input_grad(dkp @ wk.T, np.shape(key), np.float64),
+            input_grad(dv, np.shape(value), np.float64),
             unread_zeroed(q, dqp).reshape(-1, q.shape[-1]).T @ dqp.reshape(-1, wv.shape[0]),
             unread_zeroed(k, dkp).reshape(-1, k.shape[-1]).T @ dkp.reshape(-1, wv.shape[0]),
             dwv.sum(axis=0),
@@ -1164,7 +1168,7 @@ def nadaraya_watson_backward(
     (array([1.]), array([0.5, 0.5, 0. ]), 0.0)
     """
     ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
-    go = grad_array(grad_out, "grad_out", ra.out_shape, "the forward's output")
+    go = grad_out_array(grad_out, ra.out_shape)
     _threads.resolve(num_threads)
     xq, xk, y = (
         to_batch(a, ra.batch, 2).astype(np.float64) for a in (ra.x_query, ra.x_keys, ra.y_values)
