@@ -34,12 +34,10 @@ from fastattn._args import (
 )
 from fastattn._checks import (
     _MAX_BATCH_DIMS,
-    broadcast_shape,
     check_alignment,
     check_choice,
     check_flag,
     check_real,
-    check_result_size,
     check_size,
     check_window,
 )
@@ -64,6 +62,42 @@ _SCORE_PARAMS = {
     "gaussian": ("bandwidth",),
     "additive": ("w_q", "w_k", "w_v"),
 }
+
+
+# --------------------------------------------------------------------------------------
+# Shapes
+
+
+def broadcast_shape(*shapes: tuple) -> tuple | None:
+    """The shape NumPy's broadcasting rules give ``shapes``, or None where they do not
+    broadcast. Pure Python, so it has no size limit: ``np.broadcast_shapes`` raises its
+    bare "iterator is too large" for a result past 2**63 elements, which would otherwise
+    reach the user as if the shapes did not broadcast."""
+    ndim = max(map(len, shapes), default=0)
+    result = []
+    for axis in range(ndim, 0, -1):
+        size = 1
+        for shape in shapes:
+            d = shape[-axis] if axis <= len(shape) else 1
+            if d != 1:
+                if size not in (1, d):
+                    return None
+                size = d
+        result.append(size)
+    return tuple(result)
+
+
+def check_result_size(shape: tuple, itemsize: int, name: str) -> None:
+    """A clear error for a result too large for any array (NumPy's own message for it
+    names no argument): ``shape`` of ``itemsize``-byte items must fit in a signed
+    machine word of bytes."""
+    limit = np.iinfo(np.intp).max
+    if math.prod(shape) * itemsize > limit:
+        raise ValueError(
+            f"{name} would have shape {tuple(shape)}: {math.prod(shape)} elements of "
+            f"{itemsize} bytes, more than one array can hold ({limit} bytes); the inputs' "
+            "leading dims broadcast to that shape"
+        )
 
 
 # --------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_broadcast_result_past_the_array_limit_is_named(call):
 
 
 def test_broadcast_shape_matches_numpy():
-    from fastattn._checks import broadcast_shape
+    from fastattn._validation import broadcast_shape
 
     rng = np.random.default_rng(0)
     for _ in range(300):
