@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import fastattn
-from fastattn._mha import split_heads
+from fastattn._projection import split_heads
 
 
 def median_seconds(fn, repeats: int) -> float:

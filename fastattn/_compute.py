@@ -1,6 +1,6 @@
 """Computations shared by the fast functions and the NumPy twins beside the kernels:
-Silverman's bandwidth (and its derivative), and the head split and head average of the
-layer. (The scores
+Silverman's bandwidth (and its derivative), and the head average of the layer's weights.
+(The scores
 rewritten as dot products, for the kernels, are in :mod:`fastattn._prepare`.)"""
 
 from __future__ import annotations
@@ -70,12 +70,6 @@ def silverman_bandwidth_grad(x_keys: np.ndarray, grad_h: np.ndarray) -> np.ndarr
             at = order[..., place : place + 1]
             np.put_along_axis(dq, at, np.take_along_axis(dq, at, -1) + sign * coeff, axis=-1)
     return grad + np.where(use_iqr, grad_h * c / 1.34, 0.0)[..., None, None] * dq[..., None]
-
-
-def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """``(B, L, H * D)`` -> ``(B, H, L, D)`` as a strided view (last axis stays unit-stride)."""
-    b, length, features = x.shape
-    return x.reshape(b, length, num_heads, features // num_heads).swapaxes(1, 2)
 
 
 def average_heads(weights: np.ndarray) -> np.ndarray:

@@ -15,10 +15,7 @@ import numpy as np
 
 from fastattn import _threads
 from fastattn._checks import check_flag
-from fastattn._compute import (
-    average_heads,
-    split_heads,
-)
+from fastattn._compute import average_heads
 from fastattn._dtypes import is_bfloat16
 from fastattn._grad_args import (
     grad_like,
@@ -45,6 +42,7 @@ from fastattn._prepare import (
     unit_rows,
     weights_dtype,
 )
+from fastattn._projection import split_heads
 from fastattn._validation import (
     additive_args,
     attention_spec,
