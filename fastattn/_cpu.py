@@ -288,6 +288,22 @@ def _kept(args, lens, keep, shape):
     return allowed
 
 
+def _blocks(batch: int, rows: int, per_row: int):
+    """(b0, b1, r0, r1): batch entries b0:b1 and rows r0:r1 of one block of about
+    _BLOCK_ENTRIES entries (``per_row`` a row): several whole batch entries when they are
+    small, else the rows of one entry in chunks. Fixed by the shapes alone (determinism)."""
+    per_entry = max(1, rows * per_row)
+    if per_entry <= _BLOCK_ENTRIES:
+        step = _BLOCK_ENTRIES // per_entry
+        for b0 in range(0, batch, step):
+            yield b0, min(batch, b0 + step), 0, rows
+        return
+    step = max(1, _BLOCK_ENTRIES // max(1, per_row))
+    for b in range(batch):
+        for r0 in range(0, rows, step):
+            yield b, b + 1, r0, min(rows, r0 + step)
+
+
 def masked_softmax_backward(args, grad, threads: int):
     """A checked masked_softmax_backward call (``args``: the SoftmaxArgs of the weights)."""
     del threads  # NumPy row operations: one thread, deterministic
@@ -403,11 +419,11 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
     g = grad_out.astype(dtype, copy=False).reshape(ra.batch + (lq, dy))
     gauss = ra.kernel == "gaussian"
     zero = dtype.type(0)
-    gxq = np.zeros(ra.batch + (lq, xq.shape[-1]), dtype)
-    gxk = np.zeros(ra.batch + (lk, xq.shape[-1]), dtype)
-    gh = np.zeros(ra.batch, dtype)
-    gy = np.zeros(ra.batch + (lk, dy), dtype)
-    step = max(1, _BLOCK_ENTRIES // max(1, lk * xq.shape[-1]))
+    nb, dim = int(np.prod(ra.batch)), xq.shape[-1]
+    gxq = np.zeros((nb, lq, dim), dtype)
+    gxk = np.zeros((nb, lk, dim), dtype)
+    gh = np.zeros(nb, dtype)
+    hb = ra.bandwidth.reshape(nb).astype(dtype)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         undefined = np.isnan(w).any(axis=-1) if lk else np.ones(ra.batch + (lq,), dtype=bool)
         # An undefined row (NaN: no key in the support) passes nothing on.
@@ -415,35 +431,35 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
         f = np.where(undefined[..., None], zero, f)
         gy = np.matmul(np.swapaxes(w, -1, -2), g)
         gf = np.einsum("...ie,...ie->...i", g, f)[..., None]
-        for idx in np.ndindex(*ra.batch):
-            h = dtype.type(ra.bandwidth[idx])
-            for r0 in range(0, lq, step):
-                r1 = min(lq, r0 + step)
-                diff = xq[idx][r0:r1, None, :] - xk[idx][None, :, :]
-                r = np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))
-                wb = w[idx][r0:r1]
-                if gauss:
-                    reach = wb != 0
-                else:
-                    u = r / h
-                    reach = u <= 1
-                gyd = np.where(reach, g[idx][r0:r1] @ np.swapaxes(y[idx], -1, -2), zero)
-                dw = gyd - gf[idx][r0:r1]
-                if gauss:
-                    coef = -(wb * dw) * r / (h * h)
-                else:
-                    if ra.kernel == "boxcar":
-                        continue
-                    slope = -1.0 if ra.kernel == "triangular" else -1.5 * u
-                    kern = np.where(
-                        reach, 1 - u if ra.kernel == "triangular" else 0.75 * (1 - u * u), zero
-                    )
-                    total = kern.sum(axis=-1, keepdims=True)
-                    coef = np.where(reach & (total > 0), dw / total * slope / h, zero)
-                unit = np.where(r[..., None] > 0, diff / np.where(r > 0, r, 1)[..., None], zero)
-                along = coef[..., None] * unit
-                gxq[idx][r0:r1] = along.sum(axis=1)
-                gxk[idx] -= along.sum(axis=0)
-                gh[idx] -= (coef * r).sum() / h
-        gxq = np.where(undefined[..., None], dtype.type(np.nan), gxq)
+        xq, xk, y, w, g, gf = (a.reshape((nb,) + a.shape[-2:]) for a in (xq, xk, y, w, g, gf))
+        for b0, b1, r0, r1 in _blocks(nb, lq, lk * dim):
+            h = hb[b0:b1, None, None]
+            diff = xq[b0:b1, r0:r1, None, :] - xk[b0:b1, None, :, :]
+            r = np.sqrt(np.einsum("bijd,bijd->bij", diff, diff))
+            wb = w[b0:b1, r0:r1]
+            if gauss:
+                reach = wb != 0
+            else:
+                u = r / h
+                reach = u <= 1
+            gyd = np.where(reach, g[b0:b1, r0:r1] @ np.swapaxes(y[b0:b1], -1, -2), zero)
+            dw = gyd - gf[b0:b1, r0:r1]
+            if gauss:
+                coef = -(wb * dw) * r / (h * h)
+            elif ra.kernel == "boxcar":  # the derivative is 0 wherever it exists
+                continue
+            else:
+                slope = -1.0 if ra.kernel == "triangular" else -1.5 * u
+                kern = np.where(
+                    reach, 1 - u if ra.kernel == "triangular" else 0.75 * (1 - u * u), zero
+                )
+                total = kern.sum(axis=-1, keepdims=True)
+                coef = np.where(reach & (total > 0), dw / total * slope / h, zero)
+            unit = np.where(r[..., None] > 0, diff / np.where(r > 0, r, 1)[..., None], zero)
+            along = coef[..., None] * unit
+            gxq[b0:b1, r0:r1] = along.sum(axis=2)
+            gxk[b0:b1] -= along.sum(axis=1)
+            gh[b0:b1] -= (coef * r).sum(axis=(1, 2)) / h[:, 0, 0]
+        gxq = np.where(undefined[..., None], dtype.type(np.nan), gxq.reshape(ra.batch + (lq, dim)))
+    gxk, gh = gxk.reshape(ra.batch + (lk, dim)), gh.reshape(ra.batch)
     return regression_grads(ra, gxq, gxk, gy, gh, inputs, bandwidth)

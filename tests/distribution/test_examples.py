@@ -26,6 +26,7 @@ SCRIPTS.update(
         name: name.replace(".py", ".png")
         for name in [
             "nadaraya_watson_kernels.py",
+            "nadaraya_watson_training.py",
             "multihead_attention_weights.py",
             "chunked_long_context.py",
             "local_global_attention.py",
@@ -89,6 +90,22 @@ def test_nadaraya_watson_example_bandwidths():
             rms[h] = np.sqrt(np.nanmean((y_hat - ex.truth(x_test)) ** 2))
             assert np.isnan(y_hat).any() == (kernel != "gaussian" and h == 0.1), (kernel, h)
         assert max(rms[0.5], rms["silverman"]) < min(rms[0.1], rms[2.0]), (kernel, rms)
+
+
+def test_nadaraya_watson_training_example_trains():
+    """Gradient descent on the width lowers the loss at every step, ending well below the
+    start, and the gradient it follows is the loss's (central differences in w)."""
+    ex = load_example("nadaraya_watson_training")
+    x_train, y_train, _ = ex.make_data(np.random.default_rng(0))
+    w, losses = ex.train(x_train, y_train, steps=8)
+    assert (np.diff(losses) < 0).all(), losses
+    assert losses[-1] < 0.6 * losses[0] and w > 2.0, (w, losses)
+    batch = ex.leave_one_out(x_train, y_train)
+    _, grad_w = ex.loss_and_grad(1.5, *batch, y_train)
+    step = 1e-6
+    plus, _ = ex.loss_and_grad(1.5 + step, *batch, y_train)
+    minus, _ = ex.loss_and_grad(1.5 - step, *batch, y_train)
+    assert grad_w < 0 and abs((plus - minus) / (2 * step) - grad_w) < 1e-6 * abs(grad_w)
 
 
 def test_multihead_example_heads_do_their_jobs():
