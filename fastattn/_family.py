@@ -170,8 +170,21 @@ def additive_attention(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        call = _dispatch.forwarded(additive_attention, locals())
-        check_out(out, args.out_shape, args.result_dtype, call)
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+            },
+        )
     return _cpu.additive(args, ws, "softmax", None, want_weights, out, threads)
 
 
@@ -296,8 +309,23 @@ def attention(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        call = _dispatch.forwarded(attention, locals())
-        check_out(out, args.out_shape, args.result_dtype, call)
+        check_out(
+            out,
+            args.out_shape,
+            args.result_dtype,
+            {
+                "query": query,
+                "key": key,
+                "value": value,
+                "attn_mask": attn_mask,
+                "valid_lens": valid_lens,
+                "weight": weight,
+                "w_q": w_q,
+                "w_k": w_k,
+                "w_v": w_v,
+                "sinks": sinks,
+            },
+        )
     return _cpu.attention(spec, want_weights, out, threads)
 
 
@@ -368,7 +396,11 @@ def nadaraya_watson(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        call = _dispatch.forwarded(nadaraya_watson, locals())
-        check_out(out, ra.out_shape, ra.result_dtype, call)
+        check_out(
+            out,
+            ra.out_shape,
+            ra.result_dtype,
+            {"x_query": x_query, "x_keys": x_keys, "y_values": y_values},
+        )
 
     return _cpu.nadaraya_watson(ra, want_weights, out, threads)

@@ -213,15 +213,9 @@ def may_self_overlap(a: np.ndarray) -> bool:
     return False
 
 
-# The options of a call (flags, names, windows, scales): no array memory to share with out.
-_OPTION_TYPES = (bool, int, float, str, tuple)
-
-
 def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.ndarray:
     """A caller-supplied ``out=`` buffer: exact shape and dtype, writeable, no element
-    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds). ``inputs``
-    names the arrays the errors use; it may be the whole call as made
-    (:func:`fastattn._dispatch.forwarded`): ``out`` itself and the options are passed over."""
+    twice, sharing no memory with ``inputs`` (judged from the arrays' bounds)."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
     if out.shape != tuple(shape) or out.dtype != dtype:
@@ -237,9 +231,7 @@ def check_out(out: object, shape: tuple, dtype: np.dtype, inputs: dict) -> np.nd
             "buffer whose elements are distinct"
         )
     for name, arr in inputs.items():
-        if arr is None or name == "out" or isinstance(arr, _OPTION_TYPES):
-            continue
-        if np.may_share_memory(out, arr):
+        if arr is not None and np.may_share_memory(out, arr):
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")
     return out
 
@@ -689,18 +681,8 @@ def additive_args(
         for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))
         if w is not None
     ]
-    args = _layout(
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        causal_alignment,
-        window,
-        weights=ws,
-        same_features=False,
-    )
+    layout = (valid_lens, is_causal, causal_alignment, window)
+    args = _layout(query, key, value, attn_mask, *layout, weights=ws, same_features=False)
     return args, additive_weights(w_q, w_k, w_v, args.query.shape[-1], args.key.shape[-1])
 
 
@@ -753,20 +735,10 @@ def attention_spec(
     else:
         k = None
 
+    # The layout arguments, in the order every attention call's checks take them.
+    layout = (valid_lens, is_causal, causal_alignment, window)
     if score == "additive":
-        args, aw = additive_args(
-            query,
-            key,
-            value,
-            w_q,
-            w_k,
-            w_v,
-            attn_mask,
-            valid_lens,
-            is_causal,
-            causal_alignment,
-            window,
-        )
+        args, aw = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, *layout)
         return AttentionSpec(args, score, normalize, k, 1.0, additive=aw)
     if score == "general":
         if weight is None:
@@ -774,18 +746,7 @@ def attention_spec(
                 "score='general' needs weight= of shape (query features, key features)"
             )
         wt = float_array(weight, "weight", min_ndim=0)
-        args = _layout(
-            query,
-            key,
-            value,
-            attn_mask,
-            valid_lens,
-            is_causal,
-            causal_alignment,
-            window,
-            weights=[wt],
-            same_features=False,
-        )
+        args = _layout(query, key, value, attn_mask, *layout, weights=[wt], same_features=False)
         eq, ek = args.query.shape[-1], args.key.shape[-1]
         if wt.shape != (eq, ek):
             raise ValueError(
@@ -798,18 +759,8 @@ def attention_spec(
             )
         return AttentionSpec(args, score, normalize, k, 1.0, weight=wt)
 
-    args = sdpa_args(
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        causal_alignment,
-        window,
-        scale if score == "scaled_dot" else None,
-        None,
-    )
+    factor_scale = scale if score == "scaled_dot" else None
+    args = sdpa_args(query, key, value, attn_mask, *layout, factor_scale)
     dtype = args.compute_dtype
     if score == "dot":
         factor = 1.0
