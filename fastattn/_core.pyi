@@ -135,6 +135,17 @@ def masked_softmax(
 def additive(**kwargs: Unpack[_AdditiveArgs]) -> None: ...
 def select(**kwargs: Unpack[_SelectArgs]) -> None: ...
 def nadaraya_watson(**kwargs: Unpack[_RegressionArgs]) -> None: ...
+def additive_backward(
+    qp: NDArray[np.floating],
+    kp: NDArray[np.floating],
+    ds: NDArray[np.floating],
+    ds_t: NDArray[np.floating],
+    w_v: NDArray[np.floating],
+    d_qp: NDArray[np.floating],
+    d_kp: NDArray[np.floating],
+    d_wv: NDArray[np.floating],
+    num_threads: int,
+) -> None: ...
 def project(
     x: NDArray[np.floating],
     w: NDArray[np.floating],

@@ -355,24 +355,36 @@ def additive_backward(args, ws, grad_out, inputs, threads: int):
         ds = np.where(pg != 0, pg * (dp - delta), dtype.type(0))
         # The tanh chain. A NaN projection only meets rows whose P is NaN (the key is seen)
         # or 0 (hidden): zeroing it keeps hidden keys out and NaN rows NaN through dS.
-        qp = grouped(np.matmul(qq, wq))
-        kp = np.matmul(kk, wk)
-        qp = np.where(np.isnan(qp), dtype.type(0), qp)
-        kp = np.where(np.isnan(kp), dtype.type(0), kp)
-        dqp = np.zeros(qp.shape, dtype)
-        dkp = np.zeros(kp.shape, dtype)
-        dwv = np.zeros(hidden, dtype)
-        rows = grp * num_q
-        step = max(1, _BLOCK_ENTRIES // max(1, num_k * hidden))
-        for idx in np.ndindex(*lead):
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                t = np.tanh(qp[idx][r0:r1, None, :] + kp[idx][None, :, :])
-                d_s = ds[idx][r0:r1]
-                dwv += np.einsum("ij,ijh->h", d_s, t)
-                dt = (d_s[:, :, None] * wv) * (1 - t * t)
-                dqp[idx][r0:r1] = dt.sum(axis=1)
-                dkp[idx] += dt.sum(axis=0)
+        # The C++ kernel reads the projections with hidden zero-padded to 64 bytes (a
+        # padded unit has tanh(0) = 0 and weight 0: it adds nothing), as (groups, rows, .).
+        padded = -(-hidden * dtype.itemsize // 64) * 64 // dtype.itemsize
+        nb, rows = int(np.prod(lead)), grp * num_q
+        qp = np.zeros((nb, rows, padded), dtype)
+        kp = np.zeros((nb, num_k, padded), dtype)
+        qp[..., :hidden] = np.matmul(qq, wq).reshape(nb, rows, hidden)
+        kp[..., :hidden] = np.matmul(kk, wk).reshape(nb, num_k, hidden)
+        np.copyto(qp, 0, where=np.isnan(qp))
+        np.copyto(kp, 0, where=np.isnan(kp))
+        wv_pad = np.zeros(padded, dtype)
+        wv_pad[:hidden] = wv
+        ds3 = np.ascontiguousarray(ds.reshape(nb, rows, num_k))
+        dqp = np.empty_like(qp)
+        dkp = np.empty_like(kp)
+        dwv_rows = np.empty_like(qp)
+        _core.additive_backward(
+            qp=qp,
+            kp=kp,
+            ds=ds3,
+            ds_t=np.ascontiguousarray(ds3.swapaxes(-1, -2)),
+            w_v=wv_pad,
+            d_qp=dqp,
+            d_kp=dkp,
+            d_wv=dwv_rows,
+            num_threads=threads,
+        )
+        dwv = dwv_rows[..., :hidden].sum(axis=(0, 1))
+        dqp = dqp[..., :hidden].reshape(lead + (rows, hidden))
+        dkp = dkp[..., :hidden].reshape(lead + (num_k, hidden))
         dqp_h = dqp.reshape(args.full_out_shape[:-1] + (hidden,))
         grads = (
             np.matmul(dqp_h, wq.T),

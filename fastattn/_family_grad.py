@@ -123,11 +123,11 @@ def additive_attention_backward(
         Exactly as given to :func:`fastattn.additive_attention`.
     num_threads : int, optional
 
-    How it is computed: the forward kernel (the additive kernel, which returns the
-    weights ``P``), NumPy's matrix products for ``dP``, ``grad_value`` and the
-    projections, and the tanh chain (an ``O(Lq * Lk * hidden)`` pass) in NumPy over
-    blocks of about a million ``(i, j, hidden)`` entries, so extra memory is
-    ``O(Lq * Lk)`` plus that block. Deterministic: bit-identical for any thread count.
+    How it is computed: the forward kernel (which returns the weights ``P``), NumPy's
+    matrix products for ``dP``, ``grad_value`` and the projections, and a C++ kernel for
+    the tanh chain (the ``O(Lq * Lk * hidden)`` part; pairs with ``dS = 0`` are skipped).
+    Extra memory is ``O(Lq * Lk)`` (``P`` and ``dS``). Deterministic: bit-identical for any
+    thread count; the GIL is released in the kernels.
 
     Returns
     -------

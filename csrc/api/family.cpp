@@ -3,6 +3,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "api/errors.h"
 #include "api/params.h"
@@ -151,6 +152,46 @@ void nadaraya_watson(const FamilyCall& c) {
   const KernelTable& kernels = active_kernels();
   const bool ok =
       c.query.itemsize == 8 ? kernels.nadaraya_watson_f64(p) : kernels.nadaraya_watson_f32(p);
+  if (!ok) throw ScratchAllocationError(fn);
+}
+
+void additive_backward(const AdditiveBackwardCall& c) {
+  const char* fn = "additive_backward";
+  const int64_t itemsize = c.qp.itemsize;
+  require(itemsize == 4 || itemsize == 8, fn, "qp must be float32 or float64");
+  for (const ArrayRef* a : {&c.qp, &c.kp, &c.ds, &c.ds_t, &c.w_v, &c.d_qp, &c.d_kp, &c.d_wv}) {
+    require(a->present() && a->kind == 'f' && a->itemsize == itemsize && is_contiguous(*a), fn,
+            "every array must be C-contiguous, of qp's dtype");
+  }
+  for (const ArrayRef* a : {&c.d_qp, &c.d_kp, &c.d_wv})
+    require(a->writeable, fn, "d_qp, d_kp, d_wv must be writeable");
+  require(c.qp.ndim() == 3 && c.kp.ndim() == 3 && c.ds.ndim() == 3 && c.w_v.ndim() == 1, fn,
+          "qp, kp, ds must be 3-D and w_v 1-D");
+  const int64_t G = c.qp.shape[0], R = c.qp.shape[1], H = c.qp.shape[2], K = c.kp.shape[1];
+  const std::vector<int64_t> qshape{G, R, H}, kshape{G, K, H}, sshape{G, R, K}, tshape{G, K, R};
+  require(c.kp.shape == kshape && c.d_kp.shape == kshape && c.d_qp.shape == qshape &&
+              c.d_wv.shape == qshape && c.ds.shape == sshape && c.ds_t.shape == tshape &&
+              c.w_v.shape[0] == H,
+          fn, "shapes disagree");
+  require((H * itemsize) % 64 == 0, fn, "hidden must be padded to 64 bytes");
+  require(c.num_threads >= 1, fn, "num_threads must be >= 1");
+  AdditiveBackwardParams p;
+  p.qp = c.qp.data;
+  p.kp = c.kp.data;
+  p.ds = c.ds.data;
+  p.ds_t = c.ds_t.data;
+  p.w_v = c.w_v.data;
+  p.d_qp = c.d_qp.data;
+  p.d_kp = c.d_kp.data;
+  p.d_wv = c.d_wv.data;
+  p.groups = G;
+  p.rows = R;
+  p.keys = K;
+  p.hidden = H;
+  p.num_threads = c.num_threads;
+  const KernelTable& kernels = active_kernels();
+  const bool ok =
+      itemsize == 4 ? kernels.additive_backward_f32(p) : kernels.additive_backward_f64(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

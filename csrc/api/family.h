@@ -34,6 +34,14 @@ void additive_attention(const FamilyCall& call);
 void select_attention(const FamilyCall& call);
 void nadaraya_watson(const FamilyCall& call);
 
+// The tanh chain of additive attention's backward (AdditiveBackwardParams in api/params.h):
+// C-contiguous float32/float64 arrays of one dtype.
+struct AdditiveBackwardCall {
+  ArrayRef qp, kp, ds, ds_t, w_v, d_qp, d_kp, d_wv;
+  int num_threads = 1;
+};
+void additive_backward(const AdditiveBackwardCall& call);
+
 // out (rows, dim_out) = x (rows, dim_in) @ w (dim_in, dim_out); x with unit column stride.
 struct ProjectCall {
   ArrayRef x, w, out;

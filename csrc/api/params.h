@@ -163,6 +163,19 @@ struct MergeStatesParams {
 
 // out[r, :] = x[r, :] @ w for r < rows: x rows with a row stride and unit column stride,
 // w C-contiguous (dim_in, dim_out), out C-contiguous (rows, dim_out).
+// The tanh chain of additive attention's backward (kernels/additive-inl.h), on contiguous
+// arrays prepared by fastattn/_cpu.py: qp (groups, rows, hidden), kp (groups, keys, hidden),
+// ds (groups, rows, keys) and its transpose ds_t (groups, keys, rows), w_v (hidden,);
+// hidden a multiple of 64 bytes' worth of T (zero-padded). Writes d_qp (groups, rows,
+// hidden), d_kp (groups, keys, hidden) and d_wv (groups, rows, hidden): row i's terms of
+// the w_v gradient, summed by the caller.
+struct AdditiveBackwardParams {
+  const void *qp = nullptr, *kp = nullptr, *ds = nullptr, *ds_t = nullptr, *w_v = nullptr;
+  void *d_qp = nullptr, *d_kp = nullptr, *d_wv = nullptr;
+  int64_t groups = 0, rows = 0, keys = 0, hidden = 0;
+  int num_threads = 1;
+};
+
 struct ProjectParams {
   const void* x = nullptr;
   int64_t rows = 0, dim_in = 0, dim_out = 0, x_row_stride = 0;

@@ -75,6 +75,28 @@ void register_family(py::module_& m) {
       "Blocked Nadaraya-Watson kernel regression.", py::arg("bandwidth"), py::arg("kernel"));
 
   m.def(
+      "additive_backward",
+      [](const py::object& qp, const py::object& kp, const py::object& ds, const py::object& ds_t,
+         const py::object& w_v, const py::object& d_qp, const py::object& d_kp,
+         const py::object& d_wv, int num_threads) {
+        AdditiveBackwardCall call;
+        call.qp = array_ref(qp, "qp");
+        call.kp = array_ref(kp, "kp");
+        call.ds = array_ref(ds, "ds");
+        call.ds_t = array_ref(ds_t, "ds_t");
+        call.w_v = array_ref(w_v, "w_v");
+        call.d_qp = array_ref(d_qp, "d_qp");
+        call.d_kp = array_ref(d_kp, "d_kp");
+        call.d_wv = array_ref(d_wv, "d_wv");
+        call.num_threads = num_threads;
+        py::gil_scoped_release release;
+        additive_backward(call);
+      },
+      py::arg("qp"), py::arg("kp"), py::arg("ds"), py::arg("ds_t"), py::arg("w_v"), py::arg("d_qp"),
+      py::arg("d_kp"), py::arg("d_wv"), py::arg("num_threads"),
+      "The tanh chain of additive attention's backward (see fastattn/_cpu.py).");
+
+  m.def(
       "project",
       [](const py::object& x, const py::object& w, const py::object& out, int num_threads) {
         ProjectCall call;

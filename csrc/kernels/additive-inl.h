@@ -313,6 +313,66 @@ bool project(const ProjectParams& p) {
   return true;
 }
 
+// The backward's tanh chain for one row a (a query's projection, or a key's): over the n
+// rows b_m of the other side with coef[m] != 0 (0: a hidden pair, or one of weight 0,
+// never read), t = tanh(a + b_m) and
+//   d_a += coef[m] * w_v * (1 - t^2),   d_wv += coef[m] * t   (d_wv may be null).
+// H is a multiple of the vector width; d_a and d_wv are overwritten.
+template <typename T>
+inline void tanh_chain_row(const T* a, const T* b, const T* coef, int64_t n, int64_t H, const T* wv,
+                           T* d_a, T* d_wv) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  for (int64_t h = 0; h < H; ++h) d_a[h] = T(0);
+  if (d_wv)
+    for (int64_t h = 0; h < H; ++h) d_wv[h] = T(0);
+  const V one = V{} + T(1);
+  for (int64_t m = 0; m < n; ++m) {
+    const T c = coef[m];
+    if (c == T(0)) continue;
+    const V cv = V{} + c;
+    const T* bm = b + m * H;
+    for (int64_t h = 0; h < H; h += L) {
+      const V t = tanh_fast_vec<T>(vload(a + h) + vload(bm + h));
+      vstore(d_a + h, vfma(cv * vload(wv + h), vfma(-t, t, one), vload(d_a + h)));
+      if (d_wv) vstore(d_wv + h, vfma(cv, t, vload(d_wv + h)));
+    }
+  }
+}
+
+// Both passes: one owns each query row (d_qp and its w_v terms), the other each key row
+// (d_kp), so every output row is one thread's, summed in key (query) order: bit-identical
+// for any thread count. tanh is evaluated twice per pair, once per pass.
+template <typename T>
+bool additive_backward(const AdditiveBackwardParams& p) {
+  const int64_t G = p.groups, R = p.rows, K = p.keys, H = p.hidden;
+  if (G == 0 || H == 0) return true;
+  const T* qp = static_cast<const T*>(p.qp);
+  const T* kp = static_cast<const T*>(p.kp);
+  const T* ds = static_cast<const T*>(p.ds);
+  const T* ds_t = static_cast<const T*>(p.ds_t);
+  const T* wv = static_cast<const T*>(p.w_v);
+  T* d_qp = static_cast<T*>(p.d_qp);
+  T* d_kp = static_cast<T*>(p.d_kp);
+  T* d_wv = static_cast<T*>(p.d_wv);
+  const int64_t work = G * (R + K);
+  const int threads = int(imax(1, imin(p.num_threads, work)));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 4) nowait
+    for (int64_t r = 0; r < G * R; ++r) {
+      const int64_t g = r / R;
+      tanh_chain_row(qp + r * H, kp + g * K * H, ds + r * K, K, H, wv, d_qp + r * H, d_wv + r * H);
+    }
+#pragma omp for schedule(dynamic, 4) nowait
+    for (int64_t r = 0; r < G * K; ++r) {
+      const int64_t g = r / K;
+      tanh_chain_row<T>(kp + r * H, qp + g * R * H, ds_t + r * R, R, H, wv, d_kp + r * H, nullptr);
+    }
+  }
+  return true;
+}
+
 }  // namespace family
 
 // float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
@@ -325,6 +385,12 @@ bool additive_attention_f64(const FamilyParams& params) {
   return family::additive_attention<double>(params);
 }
 bool project_f32(const ProjectParams& params) { return family::project<float>(params); }
+bool additive_backward_f32(const AdditiveBackwardParams& params) {
+  return family::additive_backward<float>(params);
+}
+bool additive_backward_f64(const AdditiveBackwardParams& params) {
+  return family::additive_backward<double>(params);
+}
 bool project_f64(const ProjectParams& params) { return family::project<double>(params); }
 
 }  // namespace FASTATTN_ISA_NS

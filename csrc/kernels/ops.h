@@ -29,6 +29,8 @@ using FamilyFn = bool(const FamilyParams&);
 template <typename T>
 using ProjectFn = bool(const ProjectParams&);
 template <typename T>
+using AdditiveBackwardFn = bool(const AdditiveBackwardParams&);
+template <typename T>
 using MergeStatesFn = bool(const MergeStatesParams&);
 template <typename T>
 using FmaPeakFn = double(int num_threads, double seconds);
@@ -49,6 +51,7 @@ using MaskSummaryFn = int64_t(const AttnParams& p, uint64_t* out, int64_t* row_w
   X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
   X(additive, additive_attention, FamilyFn)                  \
   X(additive, project, ProjectFn)                            \
+  X(additive, additive_backward, AdditiveBackwardFn)         \
   X(select, select_attention, FamilyFn)                      \
   X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
   X(merge_states, merge_states, MergeStatesFn)               \

@@ -201,6 +201,25 @@ def test_additive_backward_matches_reference(isa, case, dtype):
     assert all(same_bits(a, b) for a, b in zip(got, again, strict=True))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_additive_backward_kernel_sizes(isa, dtype):
+    """The C++ tanh chain beyond hypothesis's small shapes: hidden not a multiple of any
+    vector width (zero-padded), many rows and keys, GQA, causal; any thread count."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 4, 40, 6)).astype(dtype)
+    k = rng.standard_normal((2, 2, 50, 5)).astype(dtype)
+    v = rng.standard_normal((2, 2, 50, 3)).astype(dtype)
+    ws = [rng.standard_normal((6, 37)) / 2, rng.standard_normal((5, 37)) / 2]
+    ws = [w.astype(dtype) for w in ws] + [rng.standard_normal(37).astype(dtype)]
+    kw = {"is_causal": True, "causal_alignment": "bottom_right"}
+    go = rng.standard_normal((2, 4, 40, 3)).astype(dtype)
+    got = fastattn.additive_attention_backward(go, q, k, v, *ws, **kw, num_threads=1)
+    want = reference.additive_attention_backward(go, q, k, v, *ws, **kw)
+    _assert_grads(got, want, dtype, 40 + 50 + 37 + 4)
+    again = fastattn.additive_attention_backward(go, q, k, v, *ws, **kw, num_threads=4)
+    assert all(same_bits(a, b) for a, b in zip(got, again, strict=True))
+
+
 @pytest.mark.parametrize(
     "fn", [fastattn.additive_attention_backward, reference.additive_attention_backward]
 )
