@@ -28,6 +28,7 @@ from fastattn._family_grad import (
     masked_softmax_backward,
     nadaraya_watson_backward,
 )
+from fastattn._grad import scaled_dot_product_attention_backward
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
 from fastattn._quantize import quantize_kv
@@ -79,6 +80,7 @@ __all__ = [
     "plot_attention",
     "quantize_kv",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "set_num_threads",
     "show_config",
     "varlen_attention",

@@ -8,6 +8,7 @@ void register_config(pybind11::module_& m);
 void register_family(pybind11::module_& m);
 void register_capi(pybind11::module_& m);
 void register_varlen(pybind11::module_& m);
+void register_grad(pybind11::module_& m);
 }  // namespace fastattn
 
 PYBIND11_MODULE(_core, m) {
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
   fastattn::register_family(m);
   fastattn::register_capi(m);
   fastattn::register_varlen(m);
+  fastattn::register_grad(m);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "api/params.h"
+#include "api/sdpa_backward_params.h"
 #include "api/varlen_params.h"
 
 namespace fastattn {
@@ -20,6 +21,8 @@ template <typename T>
 using SdpaFn = bool(const SdpaParams&);
 template <typename T>
 using VarlenFn = bool(const VarlenParams&);
+template <typename T>
+using SdpaBackwardFn = bool(const SdpaBackwardParams&);
 template <typename T>
 using ArrayFn = void(const T* x, T* out, int64_t n);
 template <typename T>
@@ -48,6 +51,7 @@ using MaskSummaryFn = int64_t(const AttnParams& p, uint64_t* out, int64_t* row_w
   X(sdpa, sdpa_forward, SdpaFn)                              \
   X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */ \
   X(sdpa, sdpa_varlen, VarlenFn)                             \
+  X(sdpa_backward, sdpa_backward, SdpaBackwardFn)            \
   X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
   X(additive, additive_attention, FamilyFn)                  \
   X(additive, project, ProjectFn)                            \

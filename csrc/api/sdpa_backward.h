@@ -1,0 +1,21 @@
+// The entry points of scaled_dot_product_attention_backward and varlen_attention_backward.
+#pragma once
+
+#include "api/sdpa.h"
+
+namespace fastattn {
+
+// The forward's call (SdpaCall: `out` is the forward's output and `lse` its log-sum-exp,
+// both read), the output gradient (the layout of out) and the results: grad_query,
+// grad_key, grad_value and delta, C-contiguous in the compute dtype over the full batch
+// (SdpaBackwardParams).
+struct SdpaBackwardCall : SdpaCall {
+  ArrayRef grad_out, grad_query, grad_key, grad_value, delta;
+};
+
+// Checks the invariants the Python layer established (cheaply), fills SdpaBackwardParams
+// and runs the active ISA's kernel. Throws std::invalid_argument on a broken invariant and
+// std::bad_alloc when scratch cannot be had. Call without the GIL.
+void scaled_dot_product_attention_backward(const SdpaBackwardCall& call);
+
+}  // namespace fastattn

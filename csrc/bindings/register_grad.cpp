@@ -1,0 +1,35 @@
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "api/sdpa_backward.h"
+#include "bindings/array_ref.h"
+#include "bindings/attention_args.h"
+
+namespace py = pybind11;
+
+namespace fastattn {
+
+void register_grad(py::module_& m) {
+  // The shared keyword arguments (query ... num_threads) are attention_args.h's: `out` and
+  // `lse` are the forward's output and log-sum-exp, read here (never written).
+  def_attention(
+      m, "sdpa_backward",
+      [](SdpaBackwardCall& call, const py::object& grad_out, const py::object& grad_query,
+         const py::object& grad_key, const py::object& grad_value, const py::object& delta,
+         double softcap) {
+        call.out.writeable = call.lse.writeable = true;  // read only: no write check
+        call.grad_out = array_ref(grad_out, "grad_out");
+        call.grad_query = array_ref(grad_query, "grad_query");
+        call.grad_key = array_ref(grad_key, "grad_key");
+        call.grad_value = array_ref(grad_value, "grad_value");
+        call.delta = array_ref(delta, "delta");
+        call.softcap = softcap;
+        py::gil_scoped_release release;
+        scaled_dot_product_attention_backward(call);
+      },
+      "Gradients of blocked attention on validated, broadcast arrays (see fastattn/_grad.py).",
+      py::arg("grad_out"), py::arg("grad_query"), py::arg("grad_key"), py::arg("grad_value"),
+      py::arg("delta"), py::arg("softcap") = 0.0);
+}
+
+}  // namespace fastattn

@@ -1,0 +1,432 @@
+// Gradients of scaled dot-product attention, blocked FlashAttention-2 style, compiled once
+// per ISA (in a TU CMake generates from kernels/ops.h). No Lq x Lk matrix: each pair of a
+// key block and a query block recomputes its scores S = q k^T * scale (softcap, masks and
+// ALiBi as the forward applies them, attention-inl.h / row_bias-inl.h) and its weights
+// P = e^(S - lse) from the forward's log-sum-exp, then
+//   dP = dO V^T,  dS = P (dP - D) [* (1 - tanh^2) under a softcap],  D = rowsum(dO * O),
+//   dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K:
+// five products per pair (S, dP, dV, dK, dQ), P computed once.
+//
+// Work: a task is (batch entry, kv head, key chunk) and covers every query head of the kv
+// head's GQA group, so it owns the key/value gradients of its key blocks outright (summed
+// over the group's rows in a fixed order) and writes them once. The key blocks of a call
+// are dealt to a fixed number of chunks (block kbi to chunk kbi % chunks: a causal mask's
+// work spreads evenly), chosen from the shape alone; each chunk adds its share of dQ into
+// an accumulator of its own, and the chunks' accumulators are summed in chunk order at the
+// end. Nothing depends on the thread count (no atomics, no sum whose order follows the
+// schedule), so results are bit-identical for any number of threads. Extra memory: the
+// accumulators (at most kAccBudget bytes beyond the first) and per-thread block scratch.
+#pragma once  // per translation unit
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "api/sdpa_backward_params.h"
+#include "kernels/attention-inl.h"
+#include "kernels/mask_summary-inl.h"
+#include "kernels/online_softmax-inl.h"
+#include "kernels/parallel-inl.h"
+#include "kernels/row_bias-inl.h"
+#include "simd/convert-inl.h"
+#include "simd/math-inl.h"
+#include "simd/vec-inl.h"
+
+namespace fastattn {
+namespace FASTATTN_ISA_NS {
+namespace grad {
+
+// Query rows per block (all heads of a GQA group together) and keys per block.
+constexpr int64_t kBlockRows = 64;
+constexpr int64_t kBlockKeys = 128;
+// Tasks a call is cut into at least, when its (batch, kv head) pairs are fewer, and the
+// bytes the extra dQ accumulators may take (the chunks of one long head: at Lq = 32768,
+// E = 64, float32, one accumulator is 8 MiB).
+constexpr int64_t kTargetTasks = 16;
+constexpr int64_t kAccBudget = int64_t(40) << 20;
+
+// How a call is cut (from the shape alone).
+struct BwdPlan {
+  int64_t group = 1;        // query heads per kv head
+  int64_t nq = 1;           // query positions per block (rows = group * nq)
+  int64_t rows_pad = 1;     // rows of a block, padded (whole vectors and register tiles)
+  int64_t block_k = 1;      // keys per block (whole column tiles)
+  int64_t k_blocks = 0;     // key blocks of a head
+  int64_t chunks = 1;       // key chunks per (batch entry, kv head)
+  int64_t units = 0;        // batch entries x kv heads
+  int64_t ep = 1, evp = 1;  // E and Ev rounded up to whole column tiles
+  bool direct = false;      // chunk 0 accumulates dQ in dq itself (ep == E)
+};
+
+// Rows of a block padded to whole vectors and register tiles; key columns to whole column
+// tiles and register tiles (the key block's rows are the dK/dV products' rows).
+template <typename T>
+inline constexpr int64_t row_align() {
+  return kLanes<T> > kRowTile ? kLanes<T> : kRowTile;
+}
+template <typename T>
+inline constexpr int64_t col_align() {
+  return kColTile<T> > kRowTile ? kColTile<T> : kRowTile;
+}
+
+template <typename T>
+inline BwdPlan plan_backward(const AttnParams& p, int64_t batch) {
+  BwdPlan pl;
+  constexpr int64_t CT = kColTile<T>;
+  pl.group = p.num_heads_q / p.num_heads_kv;
+  pl.nq = imax(1, imin(imax(p.len_q, 1), kBlockRows / pl.group));
+  pl.rows_pad = round_up(pl.group * pl.nq, row_align<T>());
+  pl.block_k = imin(kBlockKeys, round_up(imax(p.len_k, 1), col_align<T>()));
+  pl.k_blocks = (p.len_k + pl.block_k - 1) / pl.block_k;
+  pl.units = batch * p.num_heads_kv;
+  pl.ep = round_up(p.dim_q, CT);
+  pl.evp = round_up(imax(p.dim_v, 1), CT);
+  pl.direct = pl.ep == p.dim_q;
+  int64_t chunks = imax(1, imin(pl.k_blocks, (kTargetTasks + pl.units - 1) / pl.units));
+  const int64_t acc_bytes = batch * p.num_heads_q * p.len_q * pl.ep * int64_t(sizeof(T));
+  if (chunks > 1 && acc_bytes > 0) chunks = imax(1, imin(chunks, kAccBudget / acc_bytes + 1));
+  pl.chunks = chunks;
+  return pl;
+}
+
+// Per-thread scratch, sized for one (key block, query block) pair.
+template <typename T, typename S>
+struct BwdScratch {
+  T* ks;     // block_k x E: scale * K, widened, zero rows past the block's keys
+  T* kt;     // K^T panels of ks (pack_keys): the scores' right operand
+  T* kp;     // ks as panels (pack_values): dQ's right operand
+  T* vt;     // V^T panels: dP's right operand
+  T* q;      // rows_pad x E: the block's query rows, widened (zero padding rows)
+  T* qp;     // q as panels: dK's right operand
+  T* go;     // rows_pad x Ev: the block's output-gradient rows
+  T* gop;    // go as panels: dV's right operand
+  T* s;      // rows_pad x block_k: scores, then P
+  T* th;     // rows_pad x block_k: tanh(score / softcap) (softcap only)
+  T* dp;     // rows_pad x block_k: dP, then dS
+  T* pt;     // block_k x rows_pad: P^T
+  T* dst;    // block_k x rows_pad: scale * dS^T
+  T* dkb;    // block_k x ep: the key block's dK
+  T* dvb;    // block_k x evp: the key block's dV
+  T* dqb;    // rows_pad x ep: the query block's dQ rows
+  T* lse;    // rows_pad
+  T* delta;  // rows_pad
+  RowRef<T, S>* rows;
+  const S** dout;  // rows_pad: each row's output-gradient row
+
+  void layout(Arena& a, const AttnParams& p, const BwdPlan& pl) {
+    const int64_t E = p.dim_q, Ev = imax(p.dim_v, 1), R = pl.rows_pad, K = pl.block_k;
+    ks = a.take<T>(K * E);
+    kt = a.take<T>(K * E);
+    kp = a.take<T>(K * pl.ep);
+    vt = a.take<T>(K * Ev);
+    q = a.take<T>(R * E);
+    qp = a.take<T>(R * pl.ep);
+    go = a.take<T>(R * Ev);
+    gop = a.take<T>(R * pl.evp);
+    s = a.take<T>(R * K);
+    th = a.take<T>(R * K);
+    dp = a.take<T>(R * K);
+    pt = a.take<T>(K * R);
+    dst = a.take<T>(K * R);
+    dkb = a.take<T>(K * pl.ep);
+    dvb = a.take<T>(K * pl.evp);
+    dqb = a.take<T>(R * pl.ep);
+    lse = a.take<T>(R);
+    delta = a.take<T>(R);
+    rows = a.take<RowRef<T, S>>(R);
+    dout = a.take<const S*>(R);
+  }
+};
+
+// dst[0, n) = src[0, n) widened to T, whole vectors then the tail.
+template <typename T, typename S>
+inline void widen_row(const S* src, T* dst, int64_t n) {
+  constexpr int L = kLanes<T>;
+  int64_t e = 0;
+  for (; e + L <= n; e += L) vstore(dst + e, vload_wide<T>(src + e));
+  for (; e < n; ++e) dst[e] = widen<T>(src[e]);
+}
+
+// dst[j * dst_ld + r] = factor * src[r * src_ld + j] for r < nrows, j < ncols (both whole
+// vectors), L x L blocks transposed in registers.
+template <typename T>
+inline void transpose_scaled(const T* src, int64_t src_ld, int64_t nrows, int64_t ncols, T factor,
+                             T* dst, int64_t dst_ld) {
+  using V = Vec<T>;
+  constexpr int L = kLanes<T>;
+  for (int64_t r = 0; r < nrows; r += L)
+    for (int64_t j = 0; j < ncols; j += L) {
+      V x[L];
+      for (int i = 0; i < L; ++i) x[i] = vload(src + (r + i) * src_ld + j) * factor;
+      transpose_lanes<T>(x);
+      for (int i = 0; i < L; ++i) vstore(dst + (j + i) * dst_ld + r, x[i]);
+    }
+}
+
+// The forward's pointers of a (batch coords, head) pair's rows, and its flat row index.
+inline int64_t flat_row(const AttnParams& p, int64_t b, int64_t h, int64_t i) {
+  return (b * p.num_heads_q + h) * p.len_q + i;
+}
+
+// One pair: the query block (rows sc.rows[0:nrows), their q, dO, lse and delta loaded)
+// against the key block at kb of n keys (packed in sc.kt/kp/vt). Adds into sc.dkb, sc.dvb
+// and sc.dqb (loaded with the rows' dQ so far).
+template <typename T, typename S>
+inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, BwdScratch<T, S>& sc,
+                       int64_t nrows, int64_t kb, int64_t n) {
+  using V = Vec<T>;
+  constexpr int L = kLanes<T>;
+  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, RP = pl.rows_pad;
+  const int64_t R = round_up(nrows, row_align<T>());
+  const int64_t ncols = round_up(n, col_align<T>());
+  const bool capped = softcap > 0;
+  const T cap = T(softcap),
+          inv_cap =
+              T(std::min(1.0 / (capped ? softcap : 1.0), double(std::numeric_limits<T>::max())));
+  const T scale = T(p.scale);
+
+  scores_tile(sc.q, E, sc.kt, sc.s, K, R, ncols);
+  scores_tile(sc.go, imax(Ev, 1), sc.vt, sc.dp, K, R, ncols);
+
+  for (int64_t r = 0; r < R; ++r) {
+    T* s = sc.s + r * K;
+    T* dp = sc.dp + r * K;
+    const RowRef<T, S>* row = r < nrows ? &sc.rows[r] : nullptr;
+    const T lse = r < nrows ? sc.lse[r] : T(0);
+    const int64_t jlo = row ? imax(row->lo - kb, 0) : 0, jhi = row ? imin(row->hi - kb, n) : 0;
+    if (!row || jlo >= jhi || lse == -T(__builtin_inf())) {  // no weight in this block
+      std::memset(s, 0, size_t(ncols) * sizeof(T));
+      std::memset(dp, 0, size_t(ncols) * sizeof(T));
+      continue;
+    }
+    T* th = sc.th + r * K;
+    if (capped)
+      for (int64_t j = 0; j < ncols; j += L) {
+        const V t = tanh_approx_vec<T>(vload(s + j) * inv_cap);
+        vstore(th + j, t);
+        vstore(s + j, cap * t);
+      }
+    if (row->chunks)
+      mask_row_chunked(p, *row, kb, jlo, jhi, 0, ncols, s);
+    else
+      mask_row(p, row->fmask, row->bmask, kb, jlo, jhi, ncols, s);
+    if (row->slope) alibi_row_max(*row->slope, kb - row->diag, ncols, s);
+    const T delta = sc.delta[r];
+    for (int64_t j = 0; j < ncols; j += L) {
+      const V e = exp2_approx_vec<T>((vload(s + j) - lse) * T(kLog2e));
+      V ds = e * (vload(dp + j) - delta);
+      if (capped) {
+        const V t = vload(th + j);
+        ds *= T(1) - t * t;
+      }
+      vstore(s + j, e);
+      vstore(dp + j, e == V{} ? V{} : ds);  // a hidden key's dP (NaN values) stays out
+    }
+  }
+  transpose_scaled(sc.s, K, R, ncols, T(1), sc.pt, RP);
+  transpose_scaled(sc.dp, K, R, ncols, scale, sc.dst, RP);
+  pv_tile(sc.pt, RP, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols);
+  pv_tile(sc.dst, RP, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols);
+  pv_tile(sc.dp, K, ncols, sc.kp, K, pl.ep, sc.dqb, pl.ep, R);
+}
+
+// Task (unit u = batch entry b, kv head hk; chunk c): every key block of the chunk against
+// every query block of the group's heads. acc: the chunk's dQ accumulator of head h0's row 0
+// (rows of ep, head after head).
+template <typename T, typename S>
+inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const MaskSummary& sum,
+                     BwdScratch<T, S>& sc, int64_t u, int64_t c, T* acc) {
+  const AttnParams& p = bp.fwd;
+  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k;
+  const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv, h0 = hk * pl.group;
+  std::memset(acc, 0, size_t(pl.group * p.len_q * pl.ep) * sizeof(T));
+  T* dk = static_cast<T*>(bp.dk) + (b * p.num_heads_kv + hk) * p.len_k * E;
+  T* dv = static_cast<T*>(bp.dv) + (b * p.num_heads_kv + hk) * p.len_k * Ev;
+  const T* lse_all = static_cast<const T*>(p.lse);
+  const T* delta_all = static_cast<const T*>(bp.delta);
+  const T scale = T(p.scale);
+  TaskRefs<S> refs;
+  for (int64_t kbi = c; kbi < pl.k_blocks; kbi += pl.chunks) {
+    const int64_t kb = kbi * K, n = imin(K, p.len_k - kb), ncols = round_up(n, col_align<T>());
+    bool packed = false;
+    std::memset(sc.dkb, 0, size_t(ncols * pl.ep) * sizeof(T));
+    std::memset(sc.dvb, 0, size_t(ncols * pl.evp) * sizeof(T));
+    for (int64_t i0 = 0; i0 < p.len_q; i0 += pl.nq) {
+      TaskCoord tc;
+      tc.b = b;
+      tc.h0 = h0;
+      tc.heads = pl.group;
+      tc.hk = hk;
+      tc.i0 = i0;
+      tc.nq = imin(pl.nq, p.len_q - i0);
+      int64_t klo, khi;
+      setup_task_rows(p, tc, 0, p.len_k, &refs, sc.rows, &klo, &khi);
+      if (sum.data) narrow_task_rows(p, sum, tc, refs.coord, sc.rows, &klo, &khi);
+      const int64_t nrows = tc.heads * tc.nq;
+      bool any = false;
+      for (int64_t r = 0; r < nrows && !any; ++r)
+        any = sc.rows[r].lo < sc.rows[r].hi && sc.rows[r].lo < kb + n && sc.rows[r].hi > kb;
+      if (!any) continue;
+      if (sum.data) {  // chunks the mask hides from every row of the block: skipped
+        int64_t seg_a[kBlockKeys / kChunk + 2], seg_b[kBlockKeys / kChunk + 2];
+        if (visible_segments(sc.rows, 0, nrows, kb, 0, n, seg_a, seg_b) == 0) continue;
+      }
+      if (!packed) {  // the key block, once per block
+        const S* k = refs.k + kb * p.k.row_stride;
+        for (int64_t j = 0; j < n; ++j) {
+          widen_row(k + j * p.k.row_stride, sc.ks + j * E, E);
+          for (int64_t e = 0; e < E; ++e) sc.ks[j * E + e] *= scale;
+        }
+        std::memset(sc.ks + n * E, 0, size_t((ncols - n) * E) * sizeof(T));
+        pack_keys<T, T>(sc.ks, E, ncols, ncols, E, sc.kt);
+        pack_values<T, T>(sc.ks, E, ncols, E, K, sc.kp);
+        pack_keys<T, S>(refs.v + kb * p.v.row_stride, p.v.row_stride, n, ncols, imax(Ev, 1), sc.vt);
+        packed = true;
+      }
+      // The query block: q, dO, lse, delta, dQ so far; padding rows zero.
+      const int64_t R = round_up(nrows, row_align<T>());
+      const S* dout_b = static_cast<const S*>(bp.dout.data) +
+                        batch_offset(bp.dout.batch_stride, refs.coord, p.batch_ndim);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
+        widen_row(sc.rows[r].q, sc.q + r * E, E);
+        widen_row(dout_b + h * bp.dout.head_stride + i * bp.dout.row_stride, sc.go + r * Ev, Ev);
+        const int64_t fr = flat_row(p, b, h, i);
+        sc.lse[r] = lse_all[fr];
+        sc.delta[r] = delta_all[fr];
+        std::memcpy(sc.dqb + r * pl.ep, acc + ((h - h0) * p.len_q + i) * pl.ep,
+                    size_t(pl.ep) * sizeof(T));
+      }
+      std::memset(sc.q + nrows * E, 0, size_t((R - nrows) * E) * sizeof(T));
+      std::memset(sc.go + nrows * Ev, 0, size_t((R - nrows) * Ev) * sizeof(T));
+      std::memset(sc.dqb + nrows * pl.ep, 0, size_t((R - nrows) * pl.ep) * sizeof(T));
+      pack_values<T, T>(sc.q, E, R, E, pl.rows_pad, sc.qp);
+      pack_values<T, T>(sc.go, Ev, R, Ev, pl.rows_pad, sc.gop);
+      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, nrows, kb, n);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
+        std::memcpy(acc + ((h - h0) * p.len_q + i) * pl.ep, sc.dqb + r * pl.ep,
+                    size_t(pl.ep) * sizeof(T));
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(dk + (kb + j) * E, sc.dkb + j * pl.ep, size_t(E) * sizeof(T));
+      std::memcpy(dv + (kb + j) * Ev, sc.dvb + j * pl.evp, size_t(Ev) * sizeof(T));
+    }
+  }
+}
+
+// delta = rowsum(dO * O) for the rows of (batch entry b, query head h), in T.
+template <typename T, typename S>
+inline void delta_rows(const SdpaBackwardParams& bp, int64_t b, int64_t h) {
+  using V = Vec<T>;
+  constexpr int L = kLanes<T>;
+  const AttnParams& p = bp.fwd;
+  int64_t coord[kMaxBatchDims];
+  for (int64_t d = p.batch_ndim - 1, rest = b; d >= 0; --d) {
+    coord[d] = rest % p.batch_shape[d];
+    rest /= p.batch_shape[d];
+  }
+  const S* o = static_cast<const S*>(p.out.data) +
+               batch_offset(p.out.batch_stride, coord, p.batch_ndim) + h * p.out.head_stride;
+  const S* g = static_cast<const S*>(bp.dout.data) +
+               batch_offset(bp.dout.batch_stride, coord, p.batch_ndim) + h * bp.dout.head_stride;
+  T* delta = static_cast<T*>(bp.delta) + flat_row(p, b, h, 0);
+  const int64_t Ev = p.dim_v;
+  for (int64_t i = 0; i < p.len_q; ++i) {
+    const S* orow = o + i * p.out.row_stride;
+    const S* grow = g + i * bp.dout.row_stride;
+    V acc = V{};
+    int64_t e = 0;
+    for (; e + L <= Ev; e += L) acc = vfma(vload_wide<T>(grow + e), vload_wide<T>(orow + e), acc);
+    T d = reduce_add<T>(acc);
+    for (; e < Ev; ++e) d = vfma(widen<T>(grow[e]), widen<T>(orow[e]), d);
+    delta[i] = d;
+  }
+}
+
+template <typename T, typename S>
+bool sdpa_backward(const SdpaBackwardParams& bp) {
+  const AttnParams& p = bp.fwd;
+  int64_t batch = 1;
+  for (int64_t d = 0; d < p.batch_ndim; ++d) batch *= p.batch_shape[d];
+  if (batch == 0 || p.num_heads_q == 0) return true;
+  const BwdPlan pl = plan_backward<T>(p, batch);
+  const int64_t E = p.dim_q;
+  const int64_t rows_total = batch * p.num_heads_q * p.len_q;
+  // The chunks' dQ accumulators beyond dq itself (chunk 0's when direct).
+  const int64_t extra = pl.chunks - (pl.direct ? 1 : 0);
+  T* acc_buf = nullptr;
+  if (extra > 0 && rows_total > 0) {
+    acc_buf = static_cast<T*>(std::aligned_alloc(
+        64, size_t(round_up(extra * rows_total * pl.ep * int64_t(sizeof(T)), 64))));
+    if (!acc_buf) return false;
+  }
+  auto acc_of = [&](int64_t c) {
+    return pl.direct && c == 0 ? static_cast<T*>(bp.dq)
+                               : acc_buf + (c - (pl.direct ? 1 : 0)) * rows_total * pl.ep;
+  };
+  MaskSummary sum;
+  summarise_mask<T>(p, &sum);
+  bool failed = false;
+  const int64_t tasks = pl.units * pl.chunks;
+  const int64_t bh = batch * p.num_heads_q;
+  const int threads = int(imax(1, imin(p.num_threads, imax(tasks, bh))));
+  parallel_region(threads, [&] {
+#pragma omp for schedule(static)
+    for (int64_t x = 0; x < bh; ++x)
+      if (p.len_q > 0) delta_rows<T, S>(bp, x / p.num_heads_q, x % p.num_heads_q);
+    BwdScratch<T, S> sc;
+    void* raw = arena_allocate([&](Arena& a) { sc.layout(a, p, pl); });
+    if (!raw) {
+#pragma omp atomic write
+      failed = true;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      if (!raw || interrupted()) continue;
+      const int64_t u = t / pl.chunks, c = t % pl.chunks;
+      const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv;
+      T* acc = acc_of(c) + flat_row(p, b, hk * pl.group, 0) * pl.ep;
+      run_task<T, S>(bp, pl, sum, sc, u, c, acc);
+    }
+    std::free(raw);
+    // dQ: the chunks' accumulators summed in chunk order, row by row.
+    if (!(pl.direct && pl.chunks == 1)) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows_total; ++r) {
+        if (failed) continue;
+        T* out = static_cast<T*>(bp.dq) + r * E;
+        for (int64_t c = 0; c < pl.chunks; ++c) {
+          const T* a = acc_of(c) + r * pl.ep;
+          if (c == 0) {
+            if (!pl.direct) std::memcpy(out, a, size_t(E) * sizeof(T));
+          } else {
+            for (int64_t e = 0; e < E; ++e) out[e] += a[e];
+          }
+        }
+      }
+    }
+  });
+  release_summary(&sum);
+  std::free(acc_buf);
+  return !failed;
+}
+
+}  // namespace grad
+
+// float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
+bool sdpa_backward_f32(const SdpaBackwardParams& params) {
+  return with_float_storage(
+      params.fwd.storage, [&](auto s) { return grad::sdpa_backward<float, decltype(s)>(params); });
+}
+bool sdpa_backward_f64(const SdpaBackwardParams& params) {
+  return grad::sdpa_backward<double, double>(params);
+}
+
+}  // namespace FASTATTN_ISA_NS
+}  // namespace fastattn

@@ -1,0 +1,230 @@
+"""fastattn.scaled_dot_product_attention_backward against its float64 twin
+(fastattn.reference, itself checked against finite differences in test_reference_grad.py),
+on every ISA, every forward option, and the properties the kernel promises.
+
+Tolerances. float64: within 1e-10 of the largest entry of the reference gradient (the
+kernel recomputes the weights with a polynomial exp2 accurate to a few ulp, and sums each
+entry over at most Lq or Lk terms). float32: each gradient entry is a sum over at most
+max(Lq, Lk) <= 40 terms, each a product of a few factors carrying a relative rounding of
+a few float32 ulp (the recomputed weights, D = rowsum(grad_out * out) from the float32
+forward output, tanh for a softcap); the worst case ~ 40 * 8 * 6e-8 ~ 2e-5 of the largest
+term, bounded here by 1e-4 of the largest reference entry (plus that much absolute, for
+gradients near zero).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastattn
+from fastattn import reference
+
+TOL = {np.float64: 1e-10, np.float32: 1e-4}
+
+
+def _check(got, want, dtype):
+    assert len(got) == len(want)
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        # inputs are standard normal, so each gradient's terms are of order 0.01 to 1: a
+        # gradient that cancels to ~0 (one visible key: dq = 0) is judged by that floor
+        scale = max(float(np.abs(w).max(initial=0.0)), 1.0 if dtype == np.float32 else 1e-2)
+        err = float(np.abs(g.astype(np.float64) - w.astype(np.float64)).max(initial=0.0))
+        assert err <= TOL[dtype] * scale, (name, err, scale)
+
+
+@st.composite
+def cases(draw):
+    hkv = draw(st.sampled_from([1, 2]))
+    return {
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "dtype": draw(st.sampled_from([np.float32, np.float64])),
+        "batch_q": draw(st.sampled_from([(), (2,), (1,)])),
+        "batch_kv": draw(st.sampled_from([(), (2,)])),
+        "hkv": hkv,
+        "hq": hkv * draw(st.sampled_from([1, 3])),
+        "lq": draw(st.sampled_from([1, 2, 7, 33])),
+        "lk": draw(st.sampled_from([1, 5, 40])),
+        "e": draw(st.sampled_from([1, 8, 19])),
+        "ev": draw(st.sampled_from([3, 16])),
+        "mask": draw(st.sampled_from([None, "bool", "float"])),
+        "valid_lens": draw(st.booleans()),
+        "causal": draw(st.booleans()),
+        "alignment": draw(st.sampled_from(["top_left", "bottom_right"])),
+        "window": draw(st.sampled_from([None, (3, None), (2, 1)])),
+        "softcap": draw(st.sampled_from([None, 2.0])),
+        "sinks": draw(st.booleans()),
+        "alibi": draw(st.booleans()),
+    }
+
+
+def _call(case):
+    rng = np.random.default_rng(case["seed"])
+    dt = case["dtype"]
+    bq, bkv = case["batch_q"], case["batch_kv"]
+    hq, hkv, lq, lk = case["hq"], case["hkv"], case["lq"], case["lk"]
+    q = rng.standard_normal(bq + (hq, lq, case["e"])).astype(dt)
+    k = rng.standard_normal(bkv + (hkv, lk, case["e"])).astype(dt)
+    v = rng.standard_normal(bkv + (hkv, lk, case["ev"])).astype(dt)
+    rows = np.broadcast_shapes(bq, bkv) + (hq, lq)
+    kw = {
+        "is_causal": case["causal"],
+        "causal_alignment": case["alignment"],
+        "window": case["window"],
+        "softcap": case["softcap"],
+    }
+    if case["mask"] == "bool":
+        kw["attn_mask"] = rng.random(rows + (lk,)) < 0.8
+    elif case["mask"] == "float":
+        m = rng.standard_normal((lq, lk)).astype(dt)
+        m[rng.random(m.shape) < 0.2] = -np.inf
+        kw["attn_mask"] = m
+    if case["valid_lens"]:
+        kw["valid_lens"] = rng.integers(0, lk + 1, size=rows[:-2] + (hq,))
+    if case["sinks"]:
+        kw["sinks"] = rng.standard_normal(hq).astype(dt)
+    if case["alibi"]:
+        kw["alibi_slopes"] = rng.uniform(0.05, 0.5, hq).astype(dt)
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, **kw, return_lse=True)
+    g = rng.standard_normal(out.shape).astype(dt)
+    return (g, q, k, v, out, lse), kw
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_backward_matches_reference(isa, case):
+    call, kw = _call(case)
+    got = fastattn.scaled_dot_product_attention_backward(*call, **kw)
+    want = reference.scaled_dot_product_attention_backward(*call, **kw)
+    _check(got, want, case["dtype"])
+
+
+def test_bit_identical_for_any_thread_count():
+    """A long head (its keys cut into several chunks, each with its own dQ accumulator)
+    and a GQA call (tasks per kv head): the same bits on 1, 2 and 3 threads."""
+    rng = np.random.default_rng(3)
+    for shape_q, shape_kv in (((1, 1, 700, 24), (1, 1, 900, 24)), ((2, 6, 90, 16), (2, 2, 90, 16))):
+        q = rng.standard_normal(shape_q).astype(np.float32)
+        k, v = (rng.standard_normal(shape_kv).astype(np.float32) for _ in range(2))
+        out, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+        g = rng.standard_normal(out.shape).astype(np.float32)
+        runs = [
+            fastattn.scaled_dot_product_attention_backward(
+                g, q, k, v, out, lse, is_causal=True, num_threads=n
+            )
+            for n in (1, 2, 3)
+        ]
+        for other in runs[1:]:
+            for a, b in zip(runs[0], other):
+                assert a.tobytes() == b.tobytes()
+
+
+def test_long_head_matches_reference(isa):
+    """Several key chunks (their dQ accumulators summed at the end) and blocks of both
+    sizes' remainders: 1 head, Lq = 150, Lk = 333, float64."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, 150, 8))
+    k, v = rng.standard_normal((1, 333, 8)), rng.standard_normal((1, 333, 8))
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, window=(100, 20), return_lse=True)
+    g = rng.standard_normal(out.shape)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, window=(100, 20))
+    want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, window=(100, 20))
+    _check(got, want, np.float64)
+
+
+def test_block_mask_gives_the_plain_masks_gradients():
+    rng = np.random.default_rng(5)
+    lq = lk = 256
+    blocks = rng.random((lq // 64, lk // 64)) < 0.5
+    mask = np.repeat(np.repeat(blocks, 64, 0), 64, 1) & (rng.random((lq, lk)) < 0.9)
+    q, k, v = (rng.standard_normal((2, lq, 16)) for _ in range(3))
+    bm = fastattn.block_mask(mask)
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, bm, return_lse=True)
+    g = rng.standard_normal(out.shape)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, bm)
+    plain = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, mask)
+    for a, b in zip(got, plain):
+        assert a.tobytes() == b.tobytes()  # skipping a hidden tile changes no bit
+    want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, mask)
+    _check(got, want, np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_inputs_computed_in_float32(isa, dtype):
+    """float16/bfloat16 storage: read as stored, computed in float32, returned in the input's
+    dtype; against the float64 twin on the same (16-bit) values. Two roundings to the
+    16-bit type separate them: each result's own (half an ulp, u = 2^-11 float16, 2^-8
+    bfloat16, either side of a rounding boundary: up to 2u apart), and the forward output
+    ``out`` the kernel reads for D = rowsum(grad_out * out), rounded by u, which moves
+    every dS term by about u of the gradient's scale: 2u relative plus 2u of the largest
+    entry."""
+    ml_dtypes = pytest.importorskip("ml_dtypes") if dtype == "bfloat16" else None
+    dt = np.dtype(ml_dtypes.bfloat16) if ml_dtypes else np.dtype(np.float16)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 2, 37, 16)).astype(dt) for _ in range(3))
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    g = rng.standard_normal(out.shape).astype(dt)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=True)
+    want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=True)
+    rel = 2.0**-8 if ml_dtypes else 2.0**-11
+    for a, w in zip(got, want):
+        assert a.dtype == dt
+        a64, w64 = a.astype(np.float64), w.astype(np.float32).astype(np.float64)
+        assert np.all(np.abs(a64 - w64) <= 2 * rel * (np.abs(w64) + np.abs(w64).max()))
+
+
+def test_decode_shape_gqa(isa):
+    """One query row (decoding) with a GQA group, bottom-right causal, float32."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((3, 8, 1, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((3, 2, 50, 32)).astype(np.float32) for _ in range(2))
+    kw = {"is_causal": True, "causal_alignment": "bottom_right"}
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, **kw, return_lse=True)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+    _check(
+        got, reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw), np.float32
+    )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        fastattn.scaled_dot_product_attention_backward,
+        reference.scaled_dot_product_attention_backward,
+    ],
+)
+def test_errors_name_the_argument(fn):
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 3, 4)) for _ in range(3))
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"grad_out must have the shape of the forward's output"):
+        fn(out[:, :2], q, k, v, out, lse)
+    with pytest.raises(ValueError, match=r"lse must have the shape"):
+        fn(out, q, k, v, out, lse[0])
+    with pytest.raises(
+        TypeError, match=r"key is int8 \(a quantised cache\), which has no gradient"
+    ):
+        fn(out, q, k.astype(np.int8), v.astype(np.int8), out, lse)
+    with pytest.raises(ValueError, match="is_causal|causal_alignment"):
+        fn(out, q, k, v, out, lse, causal_alignment="middle")
+
+
+def test_against_torch_autograd():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((2, 4, 20, 16))
+    k, v = rng.standard_normal((2, 2, 30, 16)), rng.standard_normal((2, 2, 30, 16))
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    g = rng.standard_normal(out.shape)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=True)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    to = torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, is_causal=True, enable_gqa=True
+    )
+    to.backward(torch.tensor(g))
+    for a, t in zip(got, (tq, tk, tv)):
+        np.testing.assert_allclose(a, t.grad.numpy(), rtol=1e-9, atol=1e-11)
