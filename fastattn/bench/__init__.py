@@ -19,6 +19,7 @@ from fastattn.bench._formulas import (
     numpy_masked_softmax,
     numpy_merge_states,
     numpy_sdpa,
+    numpy_sdpa_grads,
     numpy_softmax,
 )
 from fastattn.bench._measure import Method, Timing, best_round, matmul_rate, measure
@@ -36,6 +37,7 @@ __all__ = [
     "numpy_masked_softmax",
     "numpy_merge_states",
     "numpy_sdpa",
+    "numpy_sdpa_grads",
     "numpy_softmax",
 ]
 

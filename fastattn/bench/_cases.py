@@ -3,6 +3,7 @@ the float64 reference each candidate's answer is checked against."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from fastattn.bench._formulas import (
     numpy_masked_softmax,
     numpy_merge_states,
     numpy_sdpa,
+    numpy_sdpa_grads,
 )
 from fastattn.bench._varlen import (
     lognormal_lengths,
@@ -30,7 +32,22 @@ from fastattn.bench._varlen import (
 
 # fastattn-loop / fastattn-padded: varlen cases only, the two ways to compute a packed
 # batch without varlen_attention (fastattn.bench._varlen).
-IMPLS = ("fastattn", "numpy", "torch", "jax", *_anchors.ANCHORS, "fastattn-loop", "fastattn-padded")
+# fastattn-forward / fastattn-backward: backward rows only, the two halves of fastattn's
+# training step timed on their own (for the backward / forward ratio and the backward's rate).
+IMPLS = (
+    "fastattn",
+    "numpy",
+    "torch",
+    "jax",
+    *_anchors.ANCHORS,
+    "fastattn-loop",
+    "fastattn-padded",
+    "fastattn-forward",
+    "fastattn-backward",
+)
+# The multiple of the forward's flops that a backward performs: dV = P^T dO, dP = dO V^T,
+# dQ = dS K, dK = dS^T Q and the recomputed S = Q K^T (5 products to the forward's 2).
+BACKWARD_FLOPS = 2.5
 DTYPES = ("float32", "float64")
 # Low precision rows: float16/bfloat16 q, k, v, or "int8-kv" (float32 q, int8 k/v from
 # fastattn.quantize_kv). Only the cases that list them run them.
@@ -48,7 +65,8 @@ class Case:
     ``"mha_decode"`` (``B, E, H, cache``: one KV-cache decode step of the multi-head layer,
     projections included), ``"varlen"`` (``Hq, Hkv, E`` and then every sequence's length:
     packed self-attention) or ``"masked_sdpa"`` (``B, H, L, E``: self-attention under the
-    mask ``mask`` names, see ``attention_mask``).
+    mask ``mask`` names, see ``attention_mask``) or ``"sdpa_backward"`` (dims as ``"sdpa"``:
+    the forward with ``return_lse=True`` and the backward, a training step's attention).
     Cases of one ``series`` differ only in sequence length."""
 
     name: str
@@ -71,7 +89,7 @@ class Case:
             return max(self.dims[3:])  # the longest sequence
         if self.kind == "masked_sdpa":
             return self.dims[2]
-        return self.dims[4] if self.kind == "sdpa" else self.dims[2]
+        return self.dims[4] if self.kind in ("sdpa", "sdpa_backward") else self.dims[2]
 
     def matches(self, words: list[str]) -> bool:
         text = " ".join((self.name, self.kind, *self.tags)).lower()
@@ -89,6 +107,8 @@ class Case:
         if self.kind == "sdpa":
             b, hq, hkv, lq, lk, e = self.dims
             return attention_flops((b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e), self.causal)
+        if self.kind == "sdpa_backward":  # forward + backward
+            return (1.0 + BACKWARD_FLOPS) * self.forward_flops()
         if self.kind == "additive":
             b, lq, lk, d, hidden = self.dims
             return b * lq * lk * (3.0 * hidden + 2.0 * d)
@@ -109,6 +129,19 @@ class Case:
             return 4.0 * b * h * n * n * e * occupied_tiles(attention_mask(self)[0], n)
         return 5.0 * float(np.prod(self.dims))
 
+    def forward_flops(self) -> float:
+        """A backward row's forward alone (4 B Hq Lq Lk E, times the causal fraction)."""
+        b, hq, hkv, lq, lk, e = self.dims
+        return attention_flops((b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e), self.causal)
+
+    def candidate_flops(self, name: str) -> float:
+        """The flops of one candidate's call: a backward row's parts do less than the row."""
+        if self.kind == "sdpa_backward" and name == "fastattn-forward":
+            return self.forward_flops()
+        if self.kind == "sdpa_backward" and name == "fastattn-backward":
+            return BACKWARD_FLOPS * self.forward_flops()
+        return self.flops()
+
     @property
     def bound(self) -> str | None:
         """What limits this case on a CPU: ``"compute"`` (attention with query rows to reuse
@@ -116,7 +149,7 @@ class Case:
         softmax: a few flops per element), None where the flop count is nominal (additive)."""
         if self.kind == "sdpa":
             return "memory" if self.dims[3] == 1 else "compute"
-        if self.kind in ("varlen", "masked_sdpa"):
+        if self.kind in ("varlen", "masked_sdpa", "sdpa_backward"):
             return "compute"
         return "memory" if self.kind in ("masked_softmax", "merge_states", "mha_decode") else None
 
@@ -129,6 +162,9 @@ class Case:
             b, hq, hkv, lq, lk, e = self.dims
             kv_size = 1 if dtype == "int8-kv" else size  # (the scales: 4 / E more)
             return float(b * (2 * size * hq * lq * e + 2 * kv_size * hkv * lk * e))
+        if self.kind == "sdpa_backward":  # q, k, v, out, grad_out read; their grads written
+            b, hq, hkv, lq, lk, e = self.dims
+            return float(size * b * (6 * hq * lq * e + 4 * hkv * lk * e))
         if self.kind == "masked_softmax":
             return float(size * 2 * np.prod(self.dims))
         if self.kind == "merge_states":
@@ -166,6 +202,60 @@ def sdpa_case(
     name = f"{label} {b}x{heads} {lq}x{lk} E{e}"
     tags = tags + (("causal",) if causal else ()) + (("long-context",) if lk >= 4096 else ())
     return Case(name, "sdpa", (b, hq, hkv, lq, lk, e), causal, tags, series, dtypes)
+
+
+def backward_case(label: str, *dims: int, causal: bool = False, tags=(), series=None) -> Case:
+    """A backward row (float32): ``sdpa_case``'s shape, named and tagged "backward"."""
+    label = f"backward {label}" + (" causal" if causal else "")
+    case = sdpa_case(label, *dims, causal=causal, tags=("backward", *tags))
+    return dataclasses.replace(case, kind="sdpa_backward", series=series, dtypes=("float32",))
+
+
+def _backward_cases(preset: str) -> list[Case]:
+    """The backward rows (issue #31's targets): forward + backward against PyTorch's, on the
+    grid's shapes (encoder, long self-attention, E 128, GQA prefill, short sequences),
+    each non-causal and causal."""
+    if preset == "smoke":
+        return [
+            backward_case("self-attention", 1, 2, 2, 32, 32, 16),
+            backward_case("GQA", 1, 4, 2, 40, 40, 16, causal=True, tags=("gqa",)),
+        ]
+    quick = preset == "quick"
+    lengths = (1024,) if quick else (1024, 2048)
+    cases = []
+    for causal in (False, True):
+        cases += [
+            backward_case("encoder", 1 if quick else 4, 12, 12, 512, 512, 64, causal=causal),
+            *[
+                backward_case(
+                    "self-attention",
+                    1,
+                    8,
+                    8,
+                    n,
+                    n,
+                    64,
+                    causal=causal,
+                    series="backward causal" if causal else "backward self-attention",
+                )
+                for n in lengths
+            ],
+            backward_case("head dim 128", 1, 8, 8, 1024, 1024, 128, causal=causal),
+            backward_case(
+                "GQA prefill",
+                1,
+                32,
+                8,
+                *((512, 512) if quick else (1024, 1024)),
+                128,
+                causal=causal,
+                tags=("gqa",),
+            ),
+            backward_case(
+                "short sequences", 16 if quick else 32, 8, 8, 128, 128, 64, causal=causal
+            ),
+        ]
+    return cases
 
 
 def varlen_case(label: str, lens, hq: int = 8, hkv: int = 2, e: int = 64, tags=()) -> Case:
@@ -281,6 +371,7 @@ def grid(preset: str) -> list[Case]:
             ),
             masked_case("key padding bool mask", "key-padding", 2, 2, 70, 16),
             masked_case("block-sparse 10 % tiles BlockMask", "block-mask", 1, 2, 130, 16),
+            *_backward_cases(preset),
         ]
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
@@ -426,6 +517,7 @@ def grid(preset: str) -> list[Case]:
             tags=("skewed",),
         ),
         *_mask_cases(quick),
+        *_backward_cases(preset),
     ]
     if full:
         cases += [
@@ -572,6 +664,8 @@ class Libraries:
             "jax": self.jax is not None,
             "fastattn-loop": True,
             "fastattn-padded": True,
+            "fastattn-forward": True,
+            "fastattn-backward": True,
             **{name: self.engine(name) is not None for name in _anchors.ANCHORS},
         }
         return [name for name in IMPLS if name in self.wanted and have[name]]
@@ -587,6 +681,7 @@ class Workload:
     to_numpy: dict[str, Callable[[object], np.ndarray]] = field(default_factory=dict)
     ops: dict[str, dict] = field(default_factory=dict)  # an engine's chosen op, its variants
     reference: Callable[[], tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] | None = None
+    unchecked: set[str] = field(default_factory=set)  # candidates whose answer is a part
 
     def first_calls(self) -> tuple[dict[str, float], dict[str, float]]:
         """Call every candidate once: the max absolute difference of its answer from the
@@ -598,6 +693,9 @@ class Workload:
             start = time.perf_counter()
             result = fn()
             seconds[name] = time.perf_counter() - start
+            if name in self.unchecked:
+                errors[name] = None
+                continue
             got = self.to_numpy.get(name, np.asarray)(result)
             diff = np.abs(take(got).astype(np.float64) - expected)
             errors[name] = float(diff.max()) if diff.size else 0.0
@@ -637,6 +735,8 @@ def build(
         _build_varlen(work, dt)
     elif case.kind == "masked_sdpa":
         _build_masked_sdpa(work, rng, dt, libs, impls)
+    elif case.kind == "sdpa_backward":
+        _build_sdpa_backward(work, rng, dt, libs, impls)
     else:
         raise ValueError(f"unknown case kind {case.kind!r}")
     work.candidates = {n: fn for n, fn in work.candidates.items() if n in impls}
@@ -735,6 +835,76 @@ def _build_sdpa(work: Workload, rng, dt, libs: Libraries, impls, probe) -> None:
             **{n: s[:1, :1] for n, s in scales.items()},
         )
         return expected, lambda out: out[:1, :group, :rows]
+
+    work.reference = reference
+
+
+def _build_sdpa_backward(work: Workload, rng, dt, libs: Libraries, impls) -> None:
+    """A training step's attention: the forward (fastattn: with ``return_lse=True``) and
+    the gradients of query, key and value for a random output gradient. fastattn-forward and
+    fastattn-backward time the two halves alone (the backward from a saved out and lse)."""
+    b, hq, hkv, lq, lk, e = work.case.dims
+    causal, group = work.case.causal, hq // hkv
+    q, k, v, g = _rng_arrays(
+        rng, dt, (b, hq, lq, e), (b, hkv, lk, e), (b, hkv, lk, e), (b, hq, lq, e)
+    )
+    sdpa = fastattn.scaled_dot_product_attention
+    backward = fastattn.scaled_dot_product_attention_backward
+
+    def run_fastattn():
+        out, lse = sdpa(q, k, v, is_causal=causal, return_lse=True)
+        return backward(g, q, k, v, out, lse, is_causal=causal)
+
+    work.candidates["fastattn"] = run_fastattn
+    work.candidates["fastattn-forward"] = functools.partial(
+        sdpa, q, k, v, is_causal=causal, return_lse=True
+    )
+    saved = sdpa(q, k, v, is_causal=causal, return_lse=True)
+    work.candidates["fastattn-backward"] = functools.partial(
+        backward, g, q, k, v, *saved, is_causal=causal
+    )
+    work.unchecked.add("fastattn-forward")
+    work.candidates["numpy"] = functools.partial(numpy_sdpa_grads, q, k, v, g, causal)
+    if "torch" in impls and libs.torch is not None:
+        torch = libs.torch
+        tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+        tg = torch.from_numpy(g)
+        kw = {"enable_gqa": True} if group > 1 else {}
+
+        def run_torch():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                tq, tk, tv, is_causal=causal, **kw
+            )
+            return torch.autograd.grad(out, (tq, tk, tv), tg)
+
+        work.candidates["torch"] = run_torch
+        work.to_numpy["torch"] = lambda grads: tuple(t.numpy() for t in grads)
+    for name in ("fastattn", "fastattn-backward", "numpy"):
+        work.to_numpy[name] = tuple
+
+    def reference():
+        # Batch entry 0, the query heads of key/value head 0: all three gradients when the
+        # float64 reference's score matrices fit its budget; else the first rows of dq (each
+        # query row's gradient depends on that row alone, dk and dv on every row).
+        ref = fastattn.reference
+        if group * lq * lk <= _REFERENCE_ELEMENTS:
+            qs, kvs, rows = (slice(0, 1), slice(0, group)), (slice(0, 1), slice(0, 1)), lq
+        else:
+            rows = max(1, min(lq, _REFERENCE_ELEMENTS // lk))
+            qs, kvs = (slice(0, 1), slice(0, 1), slice(0, rows)), (slice(0, 1), slice(0, 1))
+        q64, k64, v64, g64 = (a.astype(np.float64) for a in (q[qs], k[kvs], v[kvs], g[qs]))
+        out, lse = ref.scaled_dot_product_attention(
+            q64, k64, v64, is_causal=causal, return_lse=True
+        )
+        grads = ref.scaled_dot_product_attention_backward(
+            g64, q64, k64, v64, out, lse, is_causal=causal
+        )
+        if rows < lq:
+            return grads[0].ravel(), lambda got: got[0][qs].ravel()
+        expected = np.concatenate([a.ravel() for a in grads])
+        return expected, lambda got: np.concatenate(
+            [got[0][qs].ravel(), got[1][kvs].ravel(), got[2][kvs].ravel()]
+        )
 
     work.reference = reference
 

@@ -114,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="implementations to compare, of " + ",".join(IMPLS) + " (ort: ONNX "
         "Runtime, openvino: OpenVINO; default: all that are installed; "
-        "fastattn is always measured)",
+        "fastattn is always measured, and on the backward rows its forward and backward "
+        "alone)",
     )
     p.add_argument(
         "--rounds",
@@ -160,7 +161,10 @@ def main(argv=None) -> int:
         preset=args.preset,
         shapes=words,
         dtypes=args.dtype,
-        impls=tuple(dict.fromkeys(("fastattn", *args.impls))),
+        # fastattn and, on backward rows, its two halves are always measured
+        impls=tuple(
+            dict.fromkeys(("fastattn", "fastattn-forward", "fastattn-backward", *args.impls))
+        ),
         threads=args.threads,
         rounds=args.rounds,
         seed=args.seed,
@@ -183,6 +187,9 @@ def main(argv=None) -> int:
             table = _report.summary_table(doc, dtype)
             if table:
                 print(f"\n{dtype}\n{table}")
+        table = _report.backward_table(doc)
+        if table:
+            print(f"\nbackward (float32)\n{table}")
         print()
     where = [str(md)] + [str(args.out / name) for name, _ in plots]
     print(

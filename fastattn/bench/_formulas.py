@@ -27,6 +27,32 @@ def numpy_sdpa(q, k, v, is_causal=False, additive_mask=None):
     return s @ v
 
 
+def numpy_sdpa_grads(q, k, v, grad_out, is_causal=False):
+    """Attention's forward and backward as a NumPy user writes them (the whole score
+    matrix, in the inputs' dtype): the gradients ``(dq, dk, dv)`` of ``sum(grad_out * o)``.
+    Grouped-query inputs are expanded with ``np.repeat`` and their gradients summed back."""
+    group = q.shape[-3] // k.shape[-3] if q.ndim >= 3 and k.ndim >= 3 else 1
+    kk, vv = (np.repeat(a, group, axis=-3) for a in (k, v)) if group > 1 else (k, v)
+    scale = q.dtype.type(1.0 / np.sqrt(q.shape[-1]))
+    s = q @ np.swapaxes(kk, -1, -2)
+    s *= scale
+    if is_causal:
+        s[..., ~np.tri(*s.shape[-2:], dtype=bool)] = -np.inf
+    s -= s.max(axis=-1, keepdims=True)
+    p = np.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    dv = np.swapaxes(p, -1, -2) @ grad_out
+    dp = grad_out @ np.swapaxes(vv, -1, -2)
+    dp -= np.sum(dp * p, axis=-1, keepdims=True)  # dS = P * (dP - rowsum(P * dP))
+    ds = np.multiply(p, dp, out=dp)
+    ds *= scale
+    dq = ds @ kk
+    dk = np.swapaxes(ds, -1, -2) @ q
+    if group > 1:
+        dk, dv = (a.reshape(*a.shape[:-3], -1, group, *a.shape[-2:]).sum(-3) for a in (dk, dv))
+    return dq, dk, dv
+
+
 def numpy_softmax(x):
     """Softmax over the last axis as a NumPy user writes it."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastattn.bench._anchors import ORT_OPSET
 from fastattn.bench._cases import ALL_DTYPES, IMPLS
-from fastattn.bench._run import format_ms
+from fastattn.bench._run import PARTS, format_ms
 
 BASELINES = ("numpy", "torch", "jax", "ort", "openvino", "fastattn-loop", "fastattn-padded")
 
@@ -32,7 +32,7 @@ def _bandwidth(row: dict, r: dict) -> str:
 
 def _impls(doc: dict) -> list[str]:
     seen = {name for row in doc["rows"] for name in row["results"]}
-    return [name for name in IMPLS if name in seen]
+    return [name for name in IMPLS if name in seen and name not in PARTS]
 
 
 def summary_table(doc: dict, dtype: str) -> str:
@@ -40,7 +40,7 @@ def summary_table(doc: dict, dtype: str) -> str:
     and of the matmul rate, bytes per second and share of the read bandwidth (memory-bound
     rows), each baseline's time and fastattn's speed-up over it, and every implementation's
     max error."""
-    rows = [r for r in doc["rows"] if r["dtype"] == dtype]
+    rows = [r for r in doc["rows"] if r["dtype"] == dtype and r.get("kind") != "sdpa_backward"]
     if not rows:
         return ""
     impls = _impls(doc)
@@ -70,6 +70,54 @@ def summary_table(doc: dict, dtype: str) -> str:
             else:
                 cells += ["-", "-"]
         cells.append(" / ".join(_err(res[i]["max_abs_err"]) if i in res else "-" for i in impls))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def backward_table(doc: dict) -> str:
+    """The backward rows (a training step's attention): fastattn's forward + backward, each
+    baseline's forward + backward and the speed-up over it, fastattn's forward and backward
+    timed alone, their ratio, the backward's rate (2.5x the forward's flops) and its share of
+    the FMA peak, and the largest gradient error. Empty without backward rows."""
+    rows = [r for r in doc["rows"] if r.get("kind") == "sdpa_backward"]
+    if not rows:
+        return ""
+    bases = [b for b in BASELINES if any(b in r["results"] for r in rows)]
+    isa = (doc.get("limits") or {}).get("isa")
+    header = ["case", "fastattn fwd+bwd ms"]
+    for b in bases:
+        header += [f"{b} fwd+bwd ms", f"vs {b}"]
+    header += [
+        "forward ms",
+        "backward ms",
+        "bwd / fwd",
+        "backward GFLOP/s",
+        f"backward % {isa} peak" if isa else "backward % peak",
+        "max grad error (" + " / ".join(["fastattn", *bases]) + ")",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        res = row["results"]
+        fast = res["fastattn"]
+        cells = [row["case"], f"{format_ms(fast['best_s'])} (+{fast['spread']:.0%})"]
+        for b in bases:
+            if b in res:
+                cells += [format_ms(res[b]["best_s"]), f"**{row['speedup'][b]:.2f}x**"]
+            else:
+                cells += ["-", "-"]
+        parts = [res.get(p) for p in ("fastattn-forward", "fastattn-backward")]
+        cells += [format_ms(p["best_s"]) if p else "-" for p in parts]
+        summary = row.get("backward")
+        if summary:
+            cells += [
+                f"{summary['ratio']:.2f}",
+                f"{summary['backward_gflops']:.1f}",
+                _pct(summary["backward_frac_peak"]),
+            ]
+        else:
+            cells += ["-", "-", "-"]
+        errs = [_err(res[i]["max_abs_err"]) if i in res else "-" for i in ["fastattn", *bases]]
+        cells.append(" / ".join(errs))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -252,6 +300,17 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
+BACKWARD_INTRO = (
+    "A training step's attention: the forward (fastattn: `return_lse=True`) and the "
+    "gradients of query, key and value for a random output gradient "
+    "(`fastattn.scaled_dot_product_attention_backward`; torch: "
+    "`torch.autograd.grad` through `scaled_dot_product_attention`; numpy: the formula with "
+    "its backward written out). *forward* and *backward* time fastattn's two halves alone in "
+    "the same rounds (the backward from a saved output and lse); the backward's rate counts "
+    "2.5x the forward's flops (5 matrix products to the forward's 2). The error is the "
+    "largest absolute difference of the gradients from `fastattn.reference`'s float64 ones."
+)
+
 METHOD = """\
 - **Timing.** {description}. Before timing, every candidate is called once (its answer is
   checked then), which also pays its one-off costs (thread pools, page faults, JIT).
@@ -324,6 +383,9 @@ def markdown(doc: dict, plots: list[str], plot_note: str | None) -> str:
         table = summary_table(doc, dtype)
         if table:
             out += ["", f"## {dtype}", "", table]
+    table = backward_table(doc)
+    if table:
+        out += ["", "## backward (float32)", "", BACKWARD_INTRO, "", table]
     out += ["", "## Plots", ""]
     if plot_note:
         out += [plot_note, ""]

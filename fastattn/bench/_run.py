@@ -23,6 +23,9 @@ from fastattn.bench._measure import (
     read_rate_at,
 )
 
+# A backward row's halves of fastattn's own call, timed beside it: not baselines (nor
+# listed among the implementations compared).
+PARTS = ("fastattn-forward", "fastattn-backward")
 METHODS = {
     "smoke": Method(rounds=2, round_time=0.005, settle=0.001, budget=0.1, min_rounds=1),
     "quick": Method(rounds=3, round_time=0.05, settle=0.01, budget=0.4),
@@ -135,14 +138,14 @@ def run(settings: Settings, progress=_progress) -> dict:
         },
         "config": config(),
         "versions": libs.versions,
-        "implementations": impls,
+        "implementations": [i for i in impls if i not in PARTS],
         "method": {"description": method.describe(), **method.__dict__},
         "rows": [],
         "notes": notes,
     }
     progress(
         f"fastattn.bench: {settings.preset} preset, {len(rows)} rows, {threads} threads; "
-        f"comparing {', '.join(impls)}"
+        f"comparing {', '.join(i for i in impls if i not in PARTS)}"
     )
     with fastattn.set_num_threads(threads), blas_threads(threads, notes):
         rate, mm = matmul_rate(n=MATMUL_SIZE[settings.preset], method=method)
@@ -220,15 +223,16 @@ def _measure_row(
     bw = read_rate_at(limits, moved) if case.bound == "memory" else None
     results = {}
     for name, t in timings.items():
+        done = case.candidate_flops(name)  # a backward row's parts do less than the row
         results[name] = {
             **t.as_dict(),
-            "gflops": flops / t.best / 1e9,
-            "frac_matmul": flops / t.best / rate,
+            "gflops": done / t.best / 1e9,
+            "frac_matmul": done / t.best / rate,
             "max_abs_err": errors[name],
         }
         # The share of the machine's limit for what bounds this case (None: not measured
         # or not the bound).
-        results[name]["frac_peak"] = flops / t.best / 1e9 / peak if peak else None
+        results[name]["frac_peak"] = done / t.best / 1e9 / peak if peak else None
         results[name]["gbytes_per_s"] = moved / t.best / 1e9
         results[name]["frac_bandwidth"] = moved / t.best / 1e9 / bw if bw else None
         results[name].update(work.ops.get(name, {}))
@@ -249,7 +253,25 @@ def _measure_row(
         "bound": case.bound,
         "read_rate_gbs": bw,
         "results": results,
-        "speedup": {name: t.best / fast for name, t in timings.items() if name != "fastattn"},
+        "speedup": {
+            name: t.best / fast
+            for name, t in timings.items()
+            if name != "fastattn" and name not in PARTS
+        },
+        **({"backward": _backward_summary(results)} if case.kind == "sdpa_backward" else {}),
+    }
+
+
+def _backward_summary(results: dict) -> dict | None:
+    """A backward row's backward / forward time ratio and the backward's rate (2.5x the
+    forward's flops) as a share of the FMA peak; None without both halves."""
+    fwd, bwd = results.get("fastattn-forward"), results.get("fastattn-backward")
+    if fwd is None or bwd is None:
+        return None
+    return {
+        "ratio": bwd["best_s"] / fwd["best_s"],
+        "backward_gflops": bwd["gflops"],
+        "backward_frac_peak": bwd["frac_peak"],
     }
 
 
@@ -257,6 +279,8 @@ def _row_summary(row: dict) -> str:
     parts = []
     for name, r in row["results"].items():
         text = f"{name} {format_ms(r['best_s'])} ms"
+        if name == "fastattn-backward" and row.get("backward"):
+            text += f" ({row['backward']['ratio']:.2f}x the forward)"
         if name in row["speedup"]:
             text += f" ({row['speedup'][name]:.2f}x)"
         parts.append(text)

@@ -60,13 +60,26 @@ def test_smoke_run_writes_report_and_json(tmp_path):
     assert doc["implementations"] == ["fastattn", "numpy"]
     assert doc["matmul"]["gflops"] > 0 and doc["config"]["isa"] == fastattn._core.active_isa()
     for row in doc["rows"]:
-        assert set(row["results"]) == {"fastattn", "numpy"}
-        for r in row["results"].values():
+        # backward rows also time fastattn's forward and backward alone (always measured)
+        parts = (
+            {"fastattn-forward", "fastattn-backward"} if row["kind"] == "sdpa_backward" else set()
+        )
+        assert set(row["results"]) == {"fastattn", "numpy", *parts}
+        for name, r in row["results"].items():
             assert 0 < r["best_s"] <= r["median_s"] and r["rounds"] >= 1
             assert r["gflops"] > 0 and r["frac_matmul"] > 0
-            assert r["max_abs_err"] < (1e-5 if row["dtype"] == "float32" else 1e-12)
+            if name == "fastattn-forward":  # half of the step: no gradients to check
+                assert r["max_abs_err"] is None
+            else:
+                assert r["max_abs_err"] < (1e-5 if row["dtype"] == "float32" else 1e-12)
         fast, base = row["results"]["fastattn"]["best_s"], row["results"]["numpy"]["best_s"]
         assert row["speedup"]["numpy"] == pytest.approx(base / fast)
+        assert set(row["speedup"]) == {"numpy"}
+        if parts:
+            fwd, bwd = (row["results"][p] for p in ("fastattn-forward", "fastattn-backward"))
+            assert row["backward"]["ratio"] == pytest.approx(bwd["best_s"] / fwd["best_s"])
+            # the backward's rate counts 2.5x the forward's flops
+            assert bwd["gflops"] / fwd["gflops"] == pytest.approx(2.5 / row["backward"]["ratio"])
     # progress while it runs, then where the report is
     n = len(expected_rows)
     assert re.search(rf"\[ *1/{n}\]", proc.stderr) and f"[{n}/{n}]" in proc.stderr
@@ -86,6 +99,9 @@ def test_smoke_run_writes_report_and_json(tmp_path):
         f"isa: {doc['config']['isa']}",
         "float32 matmul rate, same run",
         "## Every measurement",
+        "## backward (float32)",
+        "bwd / fwd",
+        "max grad error (fastattn / numpy)",
     ):
         assert text in md, text
     for name, _ in expected_rows:
@@ -145,7 +161,9 @@ def test_without_matplotlib_the_report_says_so(tmp_path):
 def test_list_filters_and_bad_arguments(capsys):
     assert main(["--list", "--quick", "--shapes", "gqa", "--dtype", "float32"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line.startswith("GQA ") and "float64" not in line for line in lines)
+    assert lines and all(
+        line.startswith(("GQA ", "backward GQA ")) and "float64" not in line for line in lines
+    )
     assert main(["--list", "--full"]) == 0
     full = capsys.readouterr().out
     for kind in (
@@ -215,9 +233,26 @@ def test_baselines_and_flops():
             rtol=1e-12,
             atol=1e-12,
         )
+        # forward + backward as a NumPy user writes it: the float64 twin's gradients
+        g = rng.standard_normal((1, 4, 5, 3))
+        out, lse = fastattn.reference.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, return_lse=True
+        )
+        want = fastattn.reference.scaled_dot_product_attention_backward(
+            g, q, k, v, out, lse, is_causal=causal
+        )
+        for got, exp in zip(bench.numpy_sdpa_grads(q, k, v, g, causal), want, strict=True):
+            np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
     flops = bench.attention_flops((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))
     assert flops == 4 * 2 * 4 * 8 * 8 * 16
     assert bench.causal_fraction(4, 4) == pytest.approx(10 / 16)
+    # a backward row counts the forward once and the backward as 2.5 forwards; its parts
+    # count their own share
+    case = _cases.backward_case("x", 2, 4, 2, 8, 8, 16)
+    assert case.flops() == 3.5 * flops
+    assert case.candidate_flops("fastattn-forward") == flops
+    assert case.candidate_flops("fastattn-backward") == 2.5 * flops
+    assert case.candidate_flops("torch") == 3.5 * flops
 
 
 def test_console_script_runs_in_the_source_checkout():
@@ -264,7 +299,20 @@ def test_default_grid_holds_the_speed_targets_shapes():
         "masked_softmax 4x8x16 valid_lens": "memory",
         "key padding bool mask 2x2 70x70 E16": "compute",
         "block-sparse 10 % tiles BlockMask 1x2 130x130 E16": "compute",
+        "backward self-attention 1x2 32x32 E16": "compute",
+        "backward GQA causal 1x4/2 40x40 E16": "compute",
     }
+    # the backward rows: every shape of the backward targets, non-causal and causal
+    backward = {(c.dims, c.causal) for c in _cases.grid("default") if c.kind == "sdpa_backward"}
+    for dims in (
+        (4, 12, 12, 512, 512, 64),
+        (1, 8, 8, 1024, 1024, 64),
+        (1, 8, 8, 2048, 2048, 64),
+        (1, 8, 8, 1024, 1024, 128),
+        (1, 32, 8, 1024, 1024, 128),
+        (32, 8, 8, 128, 128, 64),
+    ):
+        assert (dims, False) in backward and (dims, True) in backward, dims
 
 
 def _smoke_doc(**settings):

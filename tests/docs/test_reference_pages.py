@@ -4,6 +4,7 @@ report section is the one tools/benchmarks_page.py writes from the latest report
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -54,6 +55,19 @@ def test_every_public_name_has_its_api_entry():
     public = set(fastattn.__all__) - {"__version__"}
     assert public - documented("fastattn") == set(), "add them to docs/api.rst"
     assert documented("fastattn") - public == set(), "api.rst documents names not in __all__"
+
+
+def test_every_glue_function_has_its_api_entry():
+    """fastattn.torch and fastattn.jax (their __all__ read from the source: the test needs
+    neither framework)."""
+    for module in ("torch", "jax"):
+        tree = ast.parse((REPO / "fastattn" / f"{module}.py").read_text())
+        (names,) = [
+            ast.literal_eval(node.value)
+            for node in tree.body
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__"
+        ]
+        assert set(names) == documented(f"fastattn.{module}") and names, module
 
 
 def test_every_reference_function_has_its_api_entry():
