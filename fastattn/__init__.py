@@ -28,7 +28,7 @@ from fastattn._family_grad import (
     masked_softmax_backward,
     nadaraya_watson_backward,
 )
-from fastattn._grad import scaled_dot_product_attention_backward
+from fastattn._grad import scaled_dot_product_attention_backward, varlen_attention_backward
 from fastattn._mha import KVCache, MultiHeadAttention
 from fastattn._plot import plot_attention
 from fastattn._quantize import quantize_kv
@@ -84,6 +84,7 @@ __all__ = [
     "set_num_threads",
     "show_config",
     "varlen_attention",
+    "varlen_attention_backward",
 ]
 
 if _os.environ.get("FASTATTN_ISA"):

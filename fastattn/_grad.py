@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _dispatch, _threads
-from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad
+from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad, varlen_backward_args
 from fastattn._prepare import (
     batched_qkv,
     head_values,
     kernel_ready,
     sdpa_storage_dtype,
     shared_options,
+    storage_dtype,
 )
 
 if TYPE_CHECKING:
@@ -203,4 +204,156 @@ softcap, sinks, alibi_slopes
         sink_view, _ = head_values(args)
         lse64 = fwd_lse.reshape(full_out[:-1]).astype(np.float64)
         grads.append(_sinks_grad(sink_view, lse64, delta.astype(np.float64), args.sinks))
+    return tuple(grads)
+
+
+def varlen_attention_backward(
+    grad_out: ArrayLike,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    out: ArrayLike,
+    lse: ArrayLike,
+    cu_seqlens_q: ArrayLike,
+    cu_seqlens_k: ArrayLike,
+    *,
+    is_causal: bool = False,
+    causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: ArrayLike | None = None,
+    alibi_slopes: ArrayLike | None = None,
+    num_threads: int | None = None,
+) -> tuple[NDArray[np.floating], ...]:
+    """Gradients of :func:`fastattn.varlen_attention`: what
+    :func:`scaled_dot_product_attention_backward` gives on each sequence alone, in the
+    packed layout.
+
+    Parameters
+    ----------
+    grad_out : array_like, shape ``(total_q, Hq, Ev)``
+        The gradient with respect to the forward's output.
+    query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal, causal_alignment, window, \
+scale, softcap, sinks, alibi_slopes
+        Exactly as given to the forward (see :func:`fastattn.varlen_attention`).
+    out, lse : array_like
+        The forward's output ``(total_q, Hq, Ev)`` and log-sum-exp ``(total_q, Hq)``
+        (``return_lse=True``), read, not changed.
+    num_threads : int, optional
+        Threads for this call (default: :func:`fastattn.get_num_threads`).
+
+    Returns
+    -------
+    (grad_query, grad_key, grad_value) or (grad_query, grad_key, grad_value, grad_sinks)
+        Each in the shape and dtype of its input (key/value summed over each GQA group, the
+        sinks' over every sequence); float16/bfloat16 computed in float32. Bit-identical for
+        any thread count; the GIL is released while computing. NumPy arrays only.
+
+    Examples
+    --------
+    >>> import numpy as np, fastattn
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((10, 2, 8)) for _ in range(3))  # 10 tokens, 2 heads
+    >>> cu = np.array([0, 3, 10])  # two sequences: 3 and 7 tokens
+    >>> out, lse = fastattn.varlen_attention(q, k, v, cu, cu, is_causal=True, return_lse=True)
+    >>> dq, dk, dv = fastattn.varlen_attention_backward(
+    ...     np.ones_like(out), q, k, v, out, lse, cu, cu, is_causal=True)
+    >>> dq3, dk3, dv3 = fastattn.scaled_dot_product_attention_backward(  # the first alone
+    ...     np.ones((2, 3, 8)), q[:3].swapaxes(0, 1), k[:3].swapaxes(0, 1), v[:3].swapaxes(0, 1),
+    ...     out[:3].swapaxes(0, 1), lse[:3].T, is_causal=True)
+    >>> bool(np.allclose(dv[:3], dv3.swapaxes(0, 1), rtol=1e-12))
+    True
+    """
+    _numpy_only(
+        "varlen_attention_backward", grad_out, query, key, value, out, lse, sinks, alibi_slopes
+    )
+    args, grad, fwd_out, fwd_lse = varlen_backward_args(
+        grad_out,
+        out,
+        lse,
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        is_causal,
+        causal_alignment,
+        window,
+        scale,
+        softcap,
+        sinks,
+        alibi_slopes,
+    )
+    threads = _threads.resolve(num_threads)
+    compute = args.compute_dtype
+    storage = storage_dtype(args.result_dtype, compute)
+    (tq, hq, e), (tk, hkv, _), ev = args.query.shape, args.key.shape, args.value.shape[-1]
+    d_q = np.zeros((hq, tq, e), compute)
+    d_k = np.zeros((hkv, tk, e), compute)
+    d_v = np.zeros((hkv, tk, ev), compute)
+    delta = np.zeros((hq, tq), compute)
+    if e and ev and tq and tk and hq:
+
+        def per_head(a):  # (Hq,) in the compute dtype, as the kernel reads them
+            return (
+                None
+                if a is None
+                else np.ascontiguousarray(np.broadcast_to(a.astype(compute), (hq,)))
+            )
+
+        left, right = args.window
+        _core.sdpa_varlen_backward(
+            query=kernel_ready(args.query, storage).transpose(1, 0, 2),
+            key=kernel_ready(args.key, storage).transpose(1, 0, 2),
+            value=kernel_ready(args.value, storage).transpose(1, 0, 2),
+            out=kernel_ready(fwd_out, storage).transpose(1, 0, 2),
+            lse=np.ascontiguousarray(fwd_lse.T, dtype=compute),
+            alibi_slopes=per_head(args.alibi_slopes),
+            scale=args.scale,
+            softcap=args.softcap or 0.0,
+            causal=args.is_causal,
+            window_left=left,
+            window_right=right,
+            num_threads=threads,
+            grad_out=kernel_ready(grad, storage).transpose(1, 0, 2),
+            grad_query=d_q,
+            grad_key=d_k,
+            grad_value=d_v,
+            delta=delta,
+            cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
+            cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
+            bottom_right=args.bottom_right,
+        )
+    elif e == 0 and ev and tq and tk and hq:  # no features: uniform weights, the twin's way
+        from fastattn import reference
+
+        return reference.varlen_attention_backward(
+            grad_out,
+            query,
+            key,
+            value,
+            out,
+            lse,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            sinks=sinks,
+            alibi_slopes=alibi_slopes,
+        )
+    grads = [
+        np.swapaxes(d, 0, 1).astype(a.dtype)
+        for d, a in ((d_q, args.query), (d_k, args.key), (d_v, args.value))
+    ]
+    if args.sinks is not None:
+        sink_view = np.broadcast_to(args.sinks.astype(compute), (hq,))
+        grads.append(
+            _sinks_grad(
+                sink_view, fwd_lse.T.astype(np.float64), delta.astype(np.float64), args.sinks
+            )
+        )
     return tuple(grads)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "api/sdpa.h"
+#include "api/varlen.h"
 
 namespace fastattn {
 
@@ -17,5 +18,15 @@ struct SdpaBackwardCall : SdpaCall {
 // and runs the active ISA's kernel. Throws std::invalid_argument on a broken invariant and
 // std::bad_alloc when scratch cannot be had. Call without the GIL.
 void scaled_dot_product_attention_backward(const SdpaBackwardCall& call);
+
+// The packed call as varlen_attention's (VarlenCall's layout: (H, tokens, features) views,
+// no batch), with lse (Hq, total_q) C-contiguous, and the backward's arrays of
+// SdpaBackwardCall in the same (H, tokens, ...) layout; each sequence is run as one SDPA
+// backward over its share of the packed arrays.
+struct VarlenBackwardCall : SdpaBackwardCall {
+  ArrayRef cu_seqlens_q, cu_seqlens_k;
+  bool bottom_right = false;
+};
+void varlen_attention_backward(const VarlenBackwardCall& call);
 
 }  // namespace fastattn

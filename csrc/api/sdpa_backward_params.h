@@ -21,6 +21,9 @@ struct SdpaBackwardParams {
   void* dk = nullptr;
   void* dv = nullptr;
   void* delta = nullptr;
+  // Rows per head of lse, delta and dq (0: fwd.len_q) and of dk, dv (0: fwd.len_k): a
+  // packed varlen call runs one sequence at a time over its share of the packed arrays.
+  int64_t q_rows = 0, k_rows = 0;
 };
 
 }  // namespace fastattn

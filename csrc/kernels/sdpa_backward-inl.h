@@ -167,9 +167,11 @@ inline void transpose_scaled(const T* src, int64_t src_ld, int64_t nrows, int64_
     }
 }
 
-// The forward's pointers of a (batch coords, head) pair's rows, and its flat row index.
-inline int64_t flat_row(const AttnParams& p, int64_t b, int64_t h, int64_t i) {
-  return (b * p.num_heads_q + h) * p.len_q + i;
+// The index of row (batch entry b, query head h, position i) in lse, delta and dq, whose
+// heads are q_rows rows apart.
+inline int64_t flat_row(const SdpaBackwardParams& bp, int64_t b, int64_t h, int64_t i) {
+  const int64_t rows = bp.q_rows ? bp.q_rows : bp.fwd.len_q;
+  return (b * bp.fwd.num_heads_q + h) * rows + i;
 }
 
 // One pair: the query block (rows sc.rows[0:nrows), their q, dO, lse and delta loaded)
@@ -236,16 +238,18 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
 
 // Task (unit u = batch entry b, kv head hk; chunk c): every key block of the chunk against
 // every query block of the group's heads. acc: the chunk's dQ accumulator of head h0's row 0
-// (rows of ep, head after head).
+// (rows of ep, heads acc_heads rows apart).
 template <typename T, typename S>
 inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const MaskSummary& sum,
-                     BwdScratch<T, S>& sc, int64_t u, int64_t c, T* acc) {
+                     BwdScratch<T, S>& sc, int64_t u, int64_t c, T* acc, int64_t acc_heads) {
   const AttnParams& p = bp.fwd;
   const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k;
   const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv, h0 = hk * pl.group;
-  std::memset(acc, 0, size_t(pl.group * p.len_q * pl.ep) * sizeof(T));
-  T* dk = static_cast<T*>(bp.dk) + (b * p.num_heads_kv + hk) * p.len_k * E;
-  T* dv = static_cast<T*>(bp.dv) + (b * p.num_heads_kv + hk) * p.len_k * Ev;
+  for (int64_t h = 0; h < pl.group; ++h)
+    std::memset(acc + h * acc_heads * pl.ep, 0, size_t(p.len_q * pl.ep) * sizeof(T));
+  const int64_t key_rows = bp.k_rows ? bp.k_rows : p.len_k;
+  T* dk = static_cast<T*>(bp.dk) + (b * p.num_heads_kv + hk) * key_rows * E;
+  T* dv = static_cast<T*>(bp.dv) + (b * p.num_heads_kv + hk) * key_rows * Ev;
   const T* lse_all = static_cast<const T*>(p.lse);
   const T* delta_all = static_cast<const T*>(bp.delta);
   const T scale = T(p.scale);
@@ -295,10 +299,10 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
         const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
         widen_row(sc.rows[r].q, sc.q + r * E, E);
         widen_row(dout_b + h * bp.dout.head_stride + i * bp.dout.row_stride, sc.go + r * Ev, Ev);
-        const int64_t fr = flat_row(p, b, h, i);
+        const int64_t fr = flat_row(bp, b, h, i);
         sc.lse[r] = lse_all[fr];
         sc.delta[r] = delta_all[fr];
-        std::memcpy(sc.dqb + r * pl.ep, acc + ((h - h0) * p.len_q + i) * pl.ep,
+        std::memcpy(sc.dqb + r * pl.ep, acc + ((h - h0) * acc_heads + i) * pl.ep,
                     size_t(pl.ep) * sizeof(T));
       }
       std::memset(sc.q + nrows * E, 0, size_t((R - nrows) * E) * sizeof(T));
@@ -309,7 +313,7 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
       pair_block<T, S>(p, bp.fwd.softcap, pl, sc, nrows, kb, n);
       for (int64_t r = 0; r < nrows; ++r) {
         const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
-        std::memcpy(acc + ((h - h0) * p.len_q + i) * pl.ep, sc.dqb + r * pl.ep,
+        std::memcpy(acc + ((h - h0) * acc_heads + i) * pl.ep, sc.dqb + r * pl.ep,
                     size_t(pl.ep) * sizeof(T));
       }
     }
@@ -335,7 +339,7 @@ inline void delta_rows(const SdpaBackwardParams& bp, int64_t b, int64_t h) {
                batch_offset(p.out.batch_stride, coord, p.batch_ndim) + h * p.out.head_stride;
   const S* g = static_cast<const S*>(bp.dout.data) +
                batch_offset(bp.dout.batch_stride, coord, p.batch_ndim) + h * bp.dout.head_stride;
-  T* delta = static_cast<T*>(bp.delta) + flat_row(p, b, h, 0);
+  T* delta = static_cast<T*>(bp.delta) + flat_row(bp, b, h, 0);
   const int64_t Ev = p.dim_v;
   for (int64_t i = 0; i < p.len_q; ++i) {
     const S* orow = o + i * p.out.row_stride;
@@ -366,10 +370,15 @@ bool sdpa_backward(const SdpaBackwardParams& bp) {
         64, size_t(round_up(extra * rows_total * pl.ep * int64_t(sizeof(T)), 64))));
     if (!acc_buf) return false;
   }
-  auto acc_of = [&](int64_t c) {
-    return pl.direct && c == 0 ? static_cast<T*>(bp.dq)
-                               : acc_buf + (c - (pl.direct ? 1 : 0)) * rows_total * pl.ep;
+  // Chunk c's accumulator of row (b, h, i), and how far apart its heads' rows are: dq
+  // itself (its own row layout, flat_row) or the compact buffer.
+  const int64_t dq_heads = bp.q_rows ? bp.q_rows : p.len_q;
+  auto acc_row = [&](int64_t c, int64_t b, int64_t h, int64_t i) {
+    if (pl.direct && c == 0) return static_cast<T*>(bp.dq) + flat_row(bp, b, h, i) * pl.ep;
+    return acc_buf +
+           ((c - (pl.direct ? 1 : 0)) * rows_total + (b * p.num_heads_q + h) * p.len_q + i) * pl.ep;
   };
+  auto acc_heads = [&](int64_t c) { return pl.direct && c == 0 ? dq_heads : p.len_q; };
   MaskSummary sum;
   summarise_mask<T>(p, &sum);
   bool failed = false;
@@ -391,8 +400,7 @@ bool sdpa_backward(const SdpaBackwardParams& bp) {
       if (!raw || interrupted()) continue;
       const int64_t u = t / pl.chunks, c = t % pl.chunks;
       const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv;
-      T* acc = acc_of(c) + flat_row(p, b, hk * pl.group, 0) * pl.ep;
-      run_task<T, S>(bp, pl, sum, sc, u, c, acc);
+      run_task<T, S>(bp, pl, sum, sc, u, c, acc_row(c, b, hk * pl.group, 0), acc_heads(c));
     }
     std::free(raw);
     // dQ: the chunks' accumulators summed in chunk order, row by row.
@@ -400,9 +408,11 @@ bool sdpa_backward(const SdpaBackwardParams& bp) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows_total; ++r) {
         if (failed) continue;
-        T* out = static_cast<T*>(bp.dq) + r * E;
+        const int64_t bh_ = r / imax(p.len_q, 1), i = r % imax(p.len_q, 1);
+        const int64_t b = bh_ / p.num_heads_q, h = bh_ % p.num_heads_q;
+        T* out = static_cast<T*>(bp.dq) + flat_row(bp, b, h, i) * E;
         for (int64_t c = 0; c < pl.chunks; ++c) {
-          const T* a = acc_of(c) + r * pl.ep;
+          const T* a = acc_row(c, b, h, i);
           if (c == 0) {
             if (!pl.direct) std::memcpy(out, a, size_t(E) * sizeof(T));
           } else {
