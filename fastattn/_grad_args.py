@@ -82,13 +82,13 @@ def input_grad(g: np.ndarray, shape: tuple, dtype: np.dtype) -> np.ndarray:
     hq, heads = g.shape[-3], shape3[-3]
     if heads != hq and heads:
         g = g.reshape(g.shape[:-3] + (heads, hq // heads) + g.shape[-2:]).sum(axis=-3)
-    return sum_to_shape(g, shape3).reshape(shape).astype(dtype)
+    return sum_to_shape(g, shape3).reshape(shape).astype(dtype, copy=False)
 
 
 def sinks_grad(per_head: np.ndarray, sinks: np.ndarray) -> np.ndarray:
     """The gradient of ``sinks`` (as the caller passed them) from its per-head gradient
     (batch..., Hq)."""
-    return sum_to_shape(per_head, sinks.shape).astype(sinks.dtype)
+    return sum_to_shape(per_head, sinks.shape).astype(sinks.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------------------
