@@ -125,7 +125,7 @@ def plot(results, path: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     steps = np.arange(1, len(a) + 1)
     for (name, (losses, acc, _)), style in zip(results.items(), ("-", "--")):
-        left.plot(steps, losses, style, lw=1.5, label=f"{name} (final accuracy {acc:.0%})")
+        left.plot(steps, losses, style, lw=1.5, label=f"{name} (final accuracy {acc:.1%})")
     left.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="Training loss")
     left.legend()
     right.semilogy(steps, np.abs(a - b) / b, color="C2", lw=1)
@@ -139,7 +139,9 @@ def plot(results, path: str) -> None:
 
 
 def main(path: str = "train_transformer_torch.png") -> None:
-    torch.set_num_threads(1)  # a tiny model: its small ops gain nothing from more threads
+    # a tiny model: its small ops gain nothing from more threads (one each, a fair race)
+    torch.set_num_threads(1)
+    fastattn.set_num_threads(1)
     results = run()
     (a, _, _), (b, _, _) = results.values()
     for name, (losses, acc, seconds) in results.items():
