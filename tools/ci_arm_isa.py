@@ -1,10 +1,19 @@
-"""pytest plugin of the ARM job (tools/ci-arm.sh, loaded with ``-p ci_arm_isa``).
+"""pytest plugin of the ARM job (tools/ci-arm.sh, loaded with ``-p ci_arm_isa``): which
+ISA meets which test under emulation.
 
-The job runs the tests once per ARM ISA with ``FASTATTN_ISA`` set. The tests that take the
-``isa`` fixture (or ``sdpa_impl``, fastattn on each ISA) already run every available ISA in
-one process, so each run keeps only the case of its own ISA (and the NumPy reference's in
-every run); every other test runs under the ISA the run forces. Each test then meets each
-ISA once, without the fixture's cases running three times over under emulation.
+Tests that take the ``isa`` fixture (or ``sdpa_impl``: fastattn on each ISA, then the NumPy
+reference) run every available ISA in one process; every other test runs under the active
+ISA (``FASTATTN_ISA``, or the best one: ``neon`` on aarch64).
+
+Full profile (``FASTATTN_ISA`` set, one pytest run per ISA): each run keeps only its own
+ISA's case of the ISA-parametrised tests (and the reference's in every run), and every
+other test, which runs under the ISA the run forces. Each test then meets each ISA once.
+
+Quick profile (``FASTATTN_ISA`` unset, one run; ``FASTATTN_ARM_OTHER_ISAS`` names the other
+ISAs and ``FASTATTN_ARM_OTHER_ISA_PATHS`` the test paths where they are kept): every test
+runs under the default ISA, and the ISA-parametrised cases of the other ISAs are kept only
+under those paths. A case is judged by its parametrisation, so a test added later is
+selected by the same rule, whatever its name.
 """
 
 from __future__ import annotations
@@ -26,13 +35,24 @@ def _case_isa(item, isa: str) -> str | None:
     return isa
 
 
+def _under(nodeid: str, paths: list[str]) -> bool:
+    path = nodeid.split("::", 1)[0]
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+
+
 def pytest_collection_modifyitems(config, items):
     isa = os.environ.get("FASTATTN_ISA", "").strip().lower()
-    if not isa:
-        return
-    keep, drop = [], []
-    for item in items:
-        (keep if _case_isa(item, isa) == isa else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+    if isa:
+        keep = [item for item in items if _case_isa(item, isa) == isa]
+    else:
+        others = os.environ.get("FASTATTN_ARM_OTHER_ISAS", "").split()
+        paths = os.environ.get("FASTATTN_ARM_OTHER_ISA_PATHS", "").split()
+        keep = [
+            item
+            for item in items
+            if _case_isa(item, "") not in others or _under(item.nodeid, paths)
+        ]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = keep
