@@ -271,10 +271,16 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
       setup_task_rows(p, tc, 0, p.len_k, &refs, sc.rows, &klo, &khi);
       if (sum.data) narrow_task_rows(p, sum, tc, refs.coord, sc.rows, &klo, &khi);
       const int64_t nrows = tc.heads * tc.nq;
-      bool any = false;
-      for (int64_t r = 0; r < nrows && !any; ++r)
-        any = sc.rows[r].lo < sc.rows[r].hi && sc.rows[r].lo < kb + n && sc.rows[r].hi > kb;
-      if (!any) continue;
+      // The block's keys up to the last one a row sees (a causal diagonal's upper rows see
+      // few): the columns past it are neither scored nor multiplied (their weights would be
+      // exactly 0 and add nothing).
+      int64_t seen = 0;
+      for (int64_t r = 0; r < nrows; ++r) {
+        const RowRef<T, S>& row = sc.rows[r];
+        if (row.lo < row.hi && row.lo < kb + n && row.hi > kb)
+          seen = imax(seen, imin(row.hi, kb + n) - kb);
+      }
+      if (seen == 0) continue;
       if (sum.data) {  // chunks the mask hides from every row of the block: skipped
         int64_t seg_a[kBlockKeys / kChunk + 2], seg_b[kBlockKeys / kChunk + 2];
         if (visible_segments(sc.rows, 0, nrows, kb, 0, n, seg_a, seg_b) == 0) continue;
@@ -310,7 +316,7 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
       std::memset(sc.dqb + nrows * pl.ep, 0, size_t((R - nrows) * pl.ep) * sizeof(T));
       pack_values<T, T>(sc.q, E, R, E, pl.rows_pad, sc.qp);
       pack_values<T, T>(sc.go, Ev, R, Ev, pl.rows_pad, sc.gop);
-      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, nrows, kb, n);
+      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, nrows, kb, seen);
       for (int64_t r = 0; r < nrows; ++r) {
         const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
         std::memcpy(acc + ((h - h0) * acc_heads + i) * pl.ep, sc.dqb + r * pl.ep,
