@@ -146,6 +146,7 @@ def additive_backward(
     d_wv: NDArray[np.floating],
     num_threads: int,
 ) -> None: ...
+def nadaraya_watson_backward(**kwargs: NDArray[np.floating] | int) -> None: ...
 def project(
     x: NDArray[np.floating],
     w: NDArray[np.floating],

@@ -272,10 +272,6 @@ def nadaraya_watson(ra, want_weights: bool, out, threads: int):
 # --------------------------------------------------------------------------------------
 # Gradients of the family (fastattn._family_grad)
 
-# Entries (rows x keys x hidden, or x features) of one block of the backwards' NumPy
-# tanh/distance chains: a few MiB per temporary.
-_BLOCK_ENTRIES = 1 << 18
-
 
 def _kept(args, lens, keep, shape):
     """Full-shape bool of the entries a masked_softmax row keeps, or None (all kept)."""
@@ -286,22 +282,6 @@ def _kept(args, lens, keep, shape):
         m = np.moveaxis(keep, args.axis, -1)
         allowed = m if allowed is None else allowed & m
     return allowed
-
-
-def _blocks(batch: int, rows: int, per_row: int):
-    """(b0, b1, r0, r1): batch entries b0:b1 and rows r0:r1 of one block of about
-    _BLOCK_ENTRIES entries (``per_row`` a row): several whole batch entries when they are
-    small, else the rows of one entry in chunks. Fixed by the shapes alone (determinism)."""
-    per_entry = max(1, rows * per_row)
-    if per_entry <= _BLOCK_ENTRIES:
-        step = _BLOCK_ENTRIES // per_entry
-        for b0 in range(0, batch, step):
-            yield b0, min(batch, b0 + step), 0, rows
-        return
-    step = max(1, _BLOCK_ENTRIES // max(1, per_row))
-    for b in range(batch):
-        for r0 in range(0, rows, step):
-            yield b, b + 1, r0, min(rows, r0 + step)
 
 
 def masked_softmax_backward(args, grad, threads: int):
@@ -429,49 +409,56 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
     )
     xq, xk, y, f, w = (a[..., 0, :, :] for a in (xq, xk, y, f, w))
     g = grad_out.astype(dtype, copy=False).reshape(ra.batch + (lq, dy))
-    gauss = ra.kernel == "gaussian"
     zero = dtype.type(0)
     nb, dim = int(np.prod(ra.batch)), xq.shape[-1]
-    gxq = np.zeros((nb, lq, dim), dtype)
-    gxk = np.zeros((nb, lk, dim), dtype)
-    gh = np.zeros(nb, dtype)
-    hb = ra.bandwidth.reshape(nb).astype(dtype)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         undefined = np.isnan(w).any(axis=-1) if lk else np.ones(ra.batch + (lq,), dtype=bool)
         # An undefined row (NaN: no key in the support) passes nothing on.
         w = np.where(undefined[..., None], zero, w)
         f = np.where(undefined[..., None], zero, f)
         gy = np.matmul(np.swapaxes(w, -1, -2), g)
-        gf = np.einsum("...ie,...ie->...i", g, f)[..., None]
-        xq, xk, y, w, g, gf = (a.reshape((nb,) + a.shape[-2:]) for a in (xq, xk, y, w, g, gf))
-        for b0, b1, r0, r1 in _blocks(nb, lq, lk * dim):
-            h = hb[b0:b1, None, None]
-            diff = xq[b0:b1, r0:r1, None, :] - xk[b0:b1, None, :, :]
-            r = np.sqrt(np.einsum("bijd,bijd->bij", diff, diff))
-            wb = w[b0:b1, r0:r1]
-            if gauss:
-                reach = wb != 0
-            else:
-                u = r / h
-                reach = u <= 1
-            gyd = np.where(reach, g[b0:b1, r0:r1] @ np.swapaxes(y[b0:b1], -1, -2), zero)
-            dw = gyd - gf[b0:b1, r0:r1]
-            if gauss:
-                coef = -(wb * dw) * r / (h * h)
-            elif ra.kernel == "boxcar":  # the derivative is 0 wherever it exists
-                continue
-            else:
-                slope = -1.0 if ra.kernel == "triangular" else -1.5 * u
-                kern = np.where(
-                    reach, 1 - u if ra.kernel == "triangular" else 0.75 * (1 - u * u), zero
-                )
-                total = kern.sum(axis=-1, keepdims=True)
-                coef = np.where(reach & (total > 0), dw / total * slope / h, zero)
-            unit = np.where(r[..., None] > 0, diff / np.where(r > 0, r, 1)[..., None], zero)
-            along = coef[..., None] * unit
-            gxq[b0:b1, r0:r1] = along.sum(axis=2)
-            gxk[b0:b1] -= along.sum(axis=1)
-            gh[b0:b1] -= (coef * r).sum(axis=(1, 2)) / h[:, 0, 0]
-        gxq = np.where(undefined[..., None], dtype.type(np.nan), gxq.reshape(ra.batch + (lq, dim)))
-    gxk, gh = gxk.reshape(ra.batch + (lk, dim)), gh.reshape(ra.batch)
+        gf = np.einsum("...ie,...ie->...i", g, f)
+        gyd = np.matmul(g, np.swapaxes(y, -1, -2))  # g_i . y_j
+    gxq = np.zeros((nb, lq, dim), dtype)
+    gxk = np.zeros((nb, lk, dim), dtype)
+    gh = np.zeros((nb, lq), dtype)
+    if ra.kernel != "boxcar" and nb and lq and lk:  # boxcar: 0 wherever defined
+        # The C++ kernel's layout: each side's other side transposed (features-major) and
+        # padded to 64 bytes with NaN coordinates and weight 0 (pairs it never counts).
+        per = 64 // dtype.itemsize
+        lqp, lkp = -(-lq // per) * per, -(-lk // per) * per
+
+        def padded(a, length, fill):
+            out = np.full(a.shape[:-1] + (length,), fill, dtype)
+            out[..., : a.shape[-1]] = a
+            return out
+
+        def flat(a):
+            return np.ascontiguousarray(a, dtype=dtype).reshape((nb,) + a.shape[-2:])
+
+        xq3, xk3 = (
+            flat(np.broadcast_to(xq, ra.batch + xq.shape[-2:])),
+            flat(np.broadcast_to(xk, ra.batch + xk.shape[-2:])),
+        )
+        w3, gyd3 = flat(w), flat(gyd)
+        _core.nadaraya_watson_backward(
+            xq=xq3,
+            xk_t=padded(xk3.swapaxes(1, 2), lkp, np.nan),
+            w=padded(w3, lkp, 0),
+            gy=padded(gyd3, lkp, 0),
+            gf=padded(gf.reshape(nb, lq), lqp, 0),
+            xk=xk3,
+            xq_t=padded(xq3.swapaxes(1, 2), lqp, np.nan),
+            w_t=padded(w3.swapaxes(1, 2), lqp, 0),
+            gy_t=padded(gyd3.swapaxes(1, 2), lqp, 0),
+            h=np.ascontiguousarray(ra.bandwidth.reshape(nb), dtype=dtype),
+            gxq=gxq,
+            gxk=gxk,
+            gh=gh,
+            inv_s=np.zeros((nb, lqp), dtype),
+            kernel=KERNELS.index(ra.kernel),
+            num_threads=threads,
+        )
+    gxq = np.where(undefined[..., None], dtype.type(np.nan), gxq.reshape(ra.batch + (lq, dim)))
+    gxk, gh = gxk.reshape(ra.batch + (lk, dim)), gh.sum(axis=1).reshape(ra.batch)
     return regression_grads(ra, gxq, gxk, gy, gh, inputs, bandwidth)

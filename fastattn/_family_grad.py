@@ -213,6 +213,11 @@ def nadaraya_watson_backward(
     (through the branch of ``min(std, IQR / 1.34)`` taken, the quartiles' interpolated
     order statistics) is part of ``grad_x_keys``.
 
+    How it is computed: the forward kernel (weights and output), NumPy's matrix products
+    for ``grad_out_i . y_j`` and ``grad_y_values``, and a C++ kernel for the distance chain
+    (one pass owns each query row, one each key row). Extra memory ``O(Lq * Lk)``;
+    bit-identical for any thread count; the GIL is released in the kernels.
+
     Where the kernel is not differentiable (docs/semantics.md#gradients-of-the-family):
     at the edge of a compact support (``r = h``) the derivative from inside is used
     (triangular ``-1 / h``, epanechnikov ``-1.5 / h`` per unit of ``r``); the boxcar's

@@ -195,6 +195,63 @@ void additive_backward(const AdditiveBackwardCall& c) {
   if (!ok) throw ScratchAllocationError(fn);
 }
 
+void nadaraya_watson_backward(const NwBackwardCall& c) {
+  const char* fn = "nadaraya_watson_backward";
+  const int64_t itemsize = c.xq.itemsize;
+  require(itemsize == 4 || itemsize == 8, fn, "xq must be float32 or float64");
+  for (const ArrayRef* a : {&c.xq, &c.xk_t, &c.w, &c.gy, &c.gf, &c.xk, &c.xq_t, &c.w_t, &c.gy_t,
+                            &c.h, &c.gxq, &c.gxk, &c.gh, &c.inv_s}) {
+    require(a->present() && a->kind == 'f' && a->itemsize == itemsize && is_contiguous(*a), fn,
+            "every array must be C-contiguous, of xq's dtype");
+  }
+  for (const ArrayRef* a : {&c.gxq, &c.gxk, &c.gh, &c.inv_s})
+    require(a->writeable, fn, "gxq, gxk, gh, inv_s must be writeable");
+  require(c.xq.ndim() == 3 && c.xk.ndim() == 3 && c.xq_t.ndim() == 3, fn,
+          "xq, xk, xq_t must be 3-D");
+  const int64_t G = c.xq.shape[0], Lq = c.xq.shape[1], D = c.xq.shape[2], Lk = c.xk.shape[1];
+  const int64_t Lqp = c.xq_t.shape[2], Lkp = c.xk_t.ndim() == 3 ? c.xk_t.shape[2] : -1;
+  using S = std::vector<int64_t>;
+  require(c.xk.shape == S{G, Lk, D} && c.xk_t.shape == S{G, D, Lkp} &&
+              c.xq_t.shape == S{G, D, Lqp} && c.w.shape == S{G, Lq, Lkp} &&
+              c.gy.shape == S{G, Lq, Lkp} && c.w_t.shape == S{G, Lk, Lqp} &&
+              c.gy_t.shape == S{G, Lk, Lqp} && c.gf.shape == S{G, Lqp} &&
+              c.inv_s.shape == S{G, Lqp} && c.h.shape == S{G} && c.gxq.shape == S{G, Lq, D} &&
+              c.gxk.shape == S{G, Lk, D} && c.gh.shape == S{G, Lq},
+          fn, "shapes disagree");
+  require(Lqp >= Lq && Lkp >= Lk && (Lqp * itemsize) % 64 == 0 && (Lkp * itemsize) % 64 == 0, fn,
+          "the padded lengths must cover the rows in whole multiples of 64 bytes");
+  require(c.kernel >= 0 && c.kernel <= int(RegressionKernel::kEpanechnikov), fn,
+          "kernel must be 0..3");
+  require(c.num_threads >= 1, fn, "num_threads must be >= 1");
+  NwBackwardParams p;
+  p.xq = c.xq.data;
+  p.xk_t = c.xk_t.data;
+  p.w = c.w.data;
+  p.gy = c.gy.data;
+  p.gf = c.gf.data;
+  p.xk = c.xk.data;
+  p.xq_t = c.xq_t.data;
+  p.w_t = c.w_t.data;
+  p.gy_t = c.gy_t.data;
+  p.h = c.h.data;
+  p.gxq = c.gxq.data;
+  p.gxk = c.gxk.data;
+  p.gh = c.gh.data;
+  p.inv_s = c.inv_s.data;
+  p.groups = G;
+  p.len_q = Lq;
+  p.len_k = Lk;
+  p.dim = D;
+  p.len_q_pad = Lqp;
+  p.len_k_pad = Lkp;
+  p.kernel = RegressionKernel(c.kernel);
+  p.num_threads = c.num_threads;
+  const KernelTable& kernels = active_kernels();
+  const bool ok = itemsize == 4 ? kernels.nadaraya_watson_backward_f32(p)
+                                : kernels.nadaraya_watson_backward_f64(p);
+  if (!ok) throw ScratchAllocationError(fn);
+}
+
 void project(const ProjectCall& c) {
   const char* fn = "project";
   require(c.x.kind == 'f' && (c.x.itemsize == 4 || c.x.itemsize == 8) && c.x.ndim() == 2, fn,

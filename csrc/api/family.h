@@ -42,6 +42,15 @@ struct AdditiveBackwardCall {
 };
 void additive_backward(const AdditiveBackwardCall& call);
 
+// Nadaraya-Watson's backward (NwBackwardParams in api/params.h): C-contiguous float32/float64
+// arrays of one dtype; kernel as RegressionKernel.
+struct NwBackwardCall {
+  ArrayRef xq, xk_t, w, gy, gf, xk, xq_t, w_t, gy_t, h, gxq, gxk, gh, inv_s;
+  int kernel = 0;
+  int num_threads = 1;
+};
+void nadaraya_watson_backward(const NwBackwardCall& call);
+
 // out (rows, dim_out) = x (rows, dim_in) @ w (dim_in, dim_out); x with unit column stride.
 struct ProjectCall {
   ArrayRef x, w, out;

@@ -176,6 +176,24 @@ struct AdditiveBackwardParams {
   int num_threads = 1;
 };
 
+// Nadaraya-Watson's backward (kernels/nadaraya_watson-inl.h) on contiguous arrays prepared
+// by fastattn/_cpu.py, G batch entries, Lq queries, Lk keys of D features; "padded" lengths
+// are multiples of 64 bytes' worth of T, the padding's coordinates NaN and weights 0.
+// Pass 1, one query row each: xq (G, Lq, D), xk_t (G, D, Lk_pad), w and gy (G, Lq, Lk_pad):
+// the weights (0 for undefined rows) and grad_out_i . y_j; gf (G, Lq_pad) grad_out_i . f_i.
+// Pass 2, one key row each: xk (G, Lk, D), xq_t (G, D, Lq_pad), w_t and gy_t (G, Lk, Lq_pad).
+// h (G,) the bandwidths. Writes gxq (G, Lq, D), gxk (G, Lk, D), gh (G, Lq): each query
+// row's term of the bandwidth's gradient, and inv_s (G, Lq_pad) (compact kernels: 1 / the
+// row's kernel mass, 0 for none; pass 1 writes it, pass 2 reads it).
+struct NwBackwardParams {
+  const void *xq = nullptr, *xk_t = nullptr, *w = nullptr, *gy = nullptr, *gf = nullptr;
+  const void *xk = nullptr, *xq_t = nullptr, *w_t = nullptr, *gy_t = nullptr, *h = nullptr;
+  void *gxq = nullptr, *gxk = nullptr, *gh = nullptr, *inv_s = nullptr;
+  int64_t groups = 0, len_q = 0, len_k = 0, dim = 0, len_q_pad = 0, len_k_pad = 0;
+  RegressionKernel kernel = RegressionKernel::kGaussian;
+  int num_threads = 1;
+};
+
 struct ProjectParams {
   const void* x = nullptr;
   int64_t rows = 0, dim_in = 0, dim_out = 0, x_row_stride = 0;

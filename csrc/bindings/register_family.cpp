@@ -97,6 +97,31 @@ void register_family(py::module_& m) {
       "The tanh chain of additive attention's backward (see fastattn/_cpu.py).");
 
   m.def(
+      "nadaraya_watson_backward",
+      [](const py::kwargs& kw) {
+        NwBackwardCall call;
+        call.xq = array_ref(kw["xq"], "xq");
+        call.xk_t = array_ref(kw["xk_t"], "xk_t");
+        call.w = array_ref(kw["w"], "w");
+        call.gy = array_ref(kw["gy"], "gy");
+        call.gf = array_ref(kw["gf"], "gf");
+        call.xk = array_ref(kw["xk"], "xk");
+        call.xq_t = array_ref(kw["xq_t"], "xq_t");
+        call.w_t = array_ref(kw["w_t"], "w_t");
+        call.gy_t = array_ref(kw["gy_t"], "gy_t");
+        call.h = array_ref(kw["h"], "h");
+        call.gxq = array_ref(kw["gxq"], "gxq");
+        call.gxk = array_ref(kw["gxk"], "gxk");
+        call.gh = array_ref(kw["gh"], "gh");
+        call.inv_s = array_ref(kw["inv_s"], "inv_s");
+        call.kernel = kw["kernel"].cast<int>();
+        call.num_threads = kw["num_threads"].cast<int>();
+        py::gil_scoped_release release;
+        nadaraya_watson_backward(call);
+      },
+      "Nadaraya-Watson's backward on prepared arrays (see fastattn/_cpu.py); keywords only.");
+
+  m.def(
       "project",
       [](const py::object& x, const py::object& w, const py::object& out, int num_threads) {
         ProjectCall call;

@@ -211,6 +211,157 @@ bool nadaraya_watson(const FamilyParams& p) {
   return run_family<T, DistanceScores<T>, KernelSum<T>, S>(p, sh, 64, block_k);
 }
 
+// The backward for one owner row: its coordinates x (D), against n (a multiple of the
+// vector width) others, transposed: ot (D, stride), with their weights w, gy = g . y_j and
+// gf (the row's own, or per other: `gf_per_other`), inv_s likewise (compact kernels). Per
+// pair, dL/dr (`coef`), then d r / d x = (x - o) / r: acc (D) += coef * unit; gh += coef * r.
+// sign = +1 for a query row (d = x_q - x_k), -1 for a key row (d = x_k - x_q, the same
+// pair's unit vector negated, which is what dL/dx_k needs).
+template <typename T>
+struct NwRow {
+  using V = typename VecOf<T>::type;
+  RegressionKernel kernel;
+  T h, inv_h, inv_h2;
+  int64_t D;
+
+  // One vector of pairs: the others j .. j + L - 1.
+  inline void pairs(const T* x, const T* ot, int64_t stride, int64_t j, V w, V gy, V gf, V inv_s,
+                    V* acc, V& gh) const {
+    const V zero = V{};
+    V r2 = zero;
+    for (int64_t d = 0; d < D; ++d) {
+      const V diff = vbroadcast(x[d]) - vload(ot + d * stride + j);
+      r2 = vfma(diff, diff, r2);
+    }
+    V r;
+    if constexpr (sizeof(T) == 4) {
+      r = vsqrt_f32(r2);
+    } else {
+      r = vsqrt<T>(r2);
+    }
+    V coef;
+    auto reach = w != zero;
+    if (kernel == RegressionKernel::kGaussian) {
+      coef = -(w * ((reach ? gy : zero) - gf)) * r * inv_h2;
+    } else {
+      const V u = r * inv_h;
+      reach = u <= V{} + T(1);
+      const V slope = kernel == RegressionKernel::kTriangular     ? V{} - T(1)
+                      : kernel == RegressionKernel::kEpanechnikov ? T(-1.5) * u
+                                                                  : zero;  // boxcar
+      coef = (gy - gf) * inv_s * slope * inv_h;
+    }
+    // Pairs out of reach (hidden, weight 0, NaN distance, the NaN padding) and r = 0 add
+    // nothing: selected away, never multiplied in (0 * NaN).
+    const auto live = reach & (r > zero);
+    coef = live ? coef : zero;
+    const V scale = live ? coef / r : zero;
+    for (int64_t d = 0; d < D; ++d) {
+      const V diff = vbroadcast(x[d]) - vload(ot + d * stride + j);
+      acc[d] += live ? scale * diff : zero;
+    }
+    gh += live ? coef * r : zero;
+  }
+};
+
+template <typename T>
+bool nadaraya_watson_backward(const NwBackwardParams& p) {
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>;
+  const int64_t G = p.groups, Lq = p.len_q, Lk = p.len_k, D = p.dim;
+  const int64_t Lqp = p.len_q_pad, Lkp = p.len_k_pad;
+  if (G == 0 || D == 0) return true;
+  const bool compact = p.kernel != RegressionKernel::kGaussian;
+  const T* xq = static_cast<const T*>(p.xq);
+  const T* xk = static_cast<const T*>(p.xk);
+  const T* xq_t = static_cast<const T*>(p.xq_t);
+  const T* xk_t = static_cast<const T*>(p.xk_t);
+  const T* w = static_cast<const T*>(p.w);
+  const T* w_t = static_cast<const T*>(p.w_t);
+  const T* gy = static_cast<const T*>(p.gy);
+  const T* gy_t = static_cast<const T*>(p.gy_t);
+  const T* gf = static_cast<const T*>(p.gf);
+  const T* hs = static_cast<const T*>(p.h);
+  T* gxq = static_cast<T*>(p.gxq);
+  T* gxk = static_cast<T*>(p.gxk);
+  T* gh = static_cast<T*>(p.gh);
+  T* inv_s = static_cast<T*>(p.inv_s);
+  const int threads = int(imax(1, imin(p.num_threads, G * (Lq + Lk))));
+  bool ok = true;
+#pragma omp parallel num_threads(threads)
+  {
+    V* acc = static_cast<V*>(std::aligned_alloc(64, size_t(round_up(D * int64_t(sizeof(V)), 64))));
+    if (!acc) {
+#pragma omp atomic write
+      ok = false;
+    }
+    // Pass 1: one query row each (its gradient, its bandwidth term, its 1 / kernel mass).
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t r = 0; r < G * Lq; ++r) {
+      if (!acc) continue;
+      const int64_t g = r / Lq, i = r % Lq;
+      const T h = hs[g];
+      const NwRow<T> row{p.kernel, h, T(1) / h, T(1) / (h * h), D};
+      const T* x = xq + r * D;
+      const T* ot = xk_t + g * D * Lkp;
+      const T* wr = w + r * Lkp;
+      const T* gyr = gy + r * Lkp;
+      T inv = T(0);
+      if (compact) {  // the row's kernel mass S = sum_j K(u_j)
+        V mass = V{};
+        const V one = V{} + T(1);
+        for (int64_t j = 0; j < Lkp; j += L) {
+          V r2 = V{};
+          for (int64_t d = 0; d < D; ++d) {
+            const V diff = vbroadcast(x[d]) - vload(ot + d * Lkp + j);
+            r2 = vfma(diff, diff, r2);
+          }
+          V rr;
+          if constexpr (sizeof(T) == 4) {
+            rr = vsqrt_f32(r2);
+          } else {
+            rr = vsqrt<T>(r2);
+          }
+          const V u = rr * row.inv_h;
+          V k = p.kernel == RegressionKernel::kBoxcar       ? one
+                : p.kernel == RegressionKernel::kTriangular ? one - u
+                                                            : T(0.75) * (one - u * u);
+          mass += u <= one ? k : V{};
+        }
+        const T s = reduce_add<T>(mass);
+        inv = s > T(0) ? T(1) / s : T(0);
+        inv_s[g * Lqp + i] = inv;
+      }
+      for (int64_t d = 0; d < D; ++d) acc[d] = V{};
+      V ghv = V{};
+      const V gfv = V{} + gf[g * Lqp + i], invv = V{} + inv;
+      for (int64_t j = 0; j < Lkp; j += L)
+        row.pairs(x, ot, Lkp, j, vload(wr + j), vload(gyr + j), gfv, invv, acc, ghv);
+      for (int64_t d = 0; d < D; ++d) gxq[r * D + d] = reduce_add<T>(acc[d]);
+      gh[r] = -reduce_add<T>(ghv) * row.inv_h;
+    }
+    // (the implicit barrier: pass 2 reads every row's inv_s)
+    // Pass 2: one key row each; the pair's unit vector is negated for the key.
+#pragma omp for schedule(dynamic, 8) nowait
+    for (int64_t r = 0; r < G * Lk; ++r) {
+      if (!acc) continue;
+      const int64_t g = r / Lk;
+      const T h = hs[g];
+      const NwRow<T> row{p.kernel, h, T(1) / h, T(1) / (h * h), D};
+      for (int64_t d = 0; d < D; ++d) acc[d] = V{};
+      V ghv = V{};
+      const T* x = xk + r * D;
+      const T* ot = xq_t + g * D * Lqp;
+      for (int64_t i = 0; i < Lqp; i += L)
+        row.pairs(x, ot, Lqp, i, vload(w_t + r * Lqp + i), vload(gy_t + r * Lqp + i),
+                  vload(gf + g * Lqp + i), vload(inv_s + g * Lqp + i), acc, ghv);
+      for (int64_t d = 0; d < D; ++d) gxk[r * D + d] = reduce_add<T>(acc[d]);
+    }
+    std::free(acc);
+  }
+  return ok;
+}
+
 }  // namespace family
 
 // float32 compute serves float32 arrays and the 16-bit storage types (params.storage).
@@ -220,6 +371,12 @@ bool nadaraya_watson_f32(const FamilyParams& params) {
 }
 bool nadaraya_watson_f64(const FamilyParams& params) {
   return family::nadaraya_watson<double>(params);
+}
+bool nadaraya_watson_backward_f32(const NwBackwardParams& params) {
+  return family::nadaraya_watson_backward<float>(params);
+}
+bool nadaraya_watson_backward_f64(const NwBackwardParams& params) {
+  return family::nadaraya_watson_backward<double>(params);
 }
 
 }  // namespace FASTATTN_ISA_NS

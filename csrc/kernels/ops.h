@@ -34,6 +34,8 @@ using ProjectFn = bool(const ProjectParams&);
 template <typename T>
 using AdditiveBackwardFn = bool(const AdditiveBackwardParams&);
 template <typename T>
+using NwBackwardFn = bool(const NwBackwardParams&);
+template <typename T>
 using MergeStatesFn = bool(const MergeStatesParams&);
 template <typename T>
 using FmaPeakFn = double(int num_threads, double seconds);
@@ -58,6 +60,7 @@ using MaskSummaryFn = int64_t(const AttnParams& p, uint64_t* out, int64_t* row_w
   X(additive, additive_backward, AdditiveBackwardFn)         \
   X(select, select_attention, FamilyFn)                      \
   X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
+  X(nadaraya_watson, nadaraya_watson_backward, NwBackwardFn) \
   X(merge_states, merge_states, MergeStatesFn)               \
   X(machine_limits, fma_peak, FmaPeakFn)                     \
   X(machine_limits, read_bandwidth, ReadBandwidthFn)         \
