@@ -418,7 +418,6 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
         f = np.where(undefined[..., None], zero, f)
         gy = np.matmul(np.swapaxes(w, -1, -2), g)
         gf = np.einsum("...ie,...ie->...i", g, f)
-        gyd = np.matmul(g, np.swapaxes(y, -1, -2))  # g_i . y_j
     gxq = np.zeros((nb, lq, dim), dtype)
     gxk = np.zeros((nb, lk, dim), dtype)
     gh = np.zeros((nb, lq), dtype)
@@ -428,9 +427,15 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
         per = 64 // dtype.itemsize
         lqp, lkp = -(-lq // per) * per, -(-lk // per) * per
 
-        def padded(a, length, fill):
-            out = np.full(a.shape[:-1] + (length,), fill, dtype)
+        def padded(a, length, fill=0):
+            shape = a.shape[:-1] + (length,)
+            out = np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
             out[..., : a.shape[-1]] = a
+            return out
+
+        def products(a, b, length):  # a @ b^T into a zero-padded buffer, (nb, ., length)
+            out = np.zeros((nb, a.shape[-2], length), dtype)
+            np.matmul(a, np.swapaxes(b, -1, -2), out=out[..., : b.shape[-2]])
             return out
 
         def flat(a):
@@ -440,17 +445,19 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
             flat(np.broadcast_to(xq, ra.batch + xq.shape[-2:])),
             flat(np.broadcast_to(xk, ra.batch + xk.shape[-2:])),
         )
-        w3, gyd3 = flat(w), flat(gyd)
+        w3 = flat(w)
+        g3 = flat(g)
+        y3 = flat(np.broadcast_to(y, ra.batch + y.shape[-2:]))
         _core.nadaraya_watson_backward(
             xq=xq3,
             xk_t=padded(xk3.swapaxes(1, 2), lkp, np.nan),
-            w=padded(w3, lkp, 0),
-            gy=padded(gyd3, lkp, 0),
-            gf=padded(gf.reshape(nb, lq), lqp, 0),
+            w=padded(w3, lkp),
+            gy=products(g3, y3, lkp),  # g_i . y_j
+            gf=padded(gf.reshape(nb, lq), lqp),
             xk=xk3,
             xq_t=padded(xq3.swapaxes(1, 2), lqp, np.nan),
-            w_t=padded(w3.swapaxes(1, 2), lqp, 0),
-            gy_t=padded(gyd3.swapaxes(1, 2), lqp, 0),
+            w_t=padded(w3.swapaxes(1, 2), lqp),
+            gy_t=products(y3, g3, lqp),
             h=np.ascontiguousarray(ra.bandwidth.reshape(nb), dtype=dtype),
             gxq=gxq,
             gxk=gxk,
