@@ -224,21 +224,25 @@ struct NwRow {
   T h, inv_h, inv_h2;
   int64_t D;
 
-  // One vector of pairs: the others j .. j + L - 1.
-  inline void pairs(const T* x, const T* ot, int64_t stride, int64_t j, V w, V gy, V gf, V inv_s,
-                    V* acc, V& gh) const {
-    const V zero = V{};
-    V r2 = zero;
+  // ||x - o_j|| for the others j .. j + L - 1.
+  inline V distance(const T* x, const T* ot, int64_t stride, int64_t j) const {
+    V r2 = V{};
     for (int64_t d = 0; d < D; ++d) {
       const V diff = vbroadcast(x[d]) - vload(ot + d * stride + j);
       r2 = vfma(diff, diff, r2);
     }
-    V r;
     if constexpr (sizeof(T) == 4) {
-      r = vsqrt_f32(r2);
+      return vsqrt_f32(r2);
     } else {
-      r = vsqrt<T>(r2);
+      return vsqrt<T>(r2);
     }
+  }
+
+  // One vector of pairs: the others j .. j + L - 1.
+  inline void pairs(const T* x, const T* ot, int64_t stride, int64_t j, V w, V gy, V gf, V inv_s,
+                    V* acc, V& gh) const {
+    const V zero = V{};
+    const V r = distance(x, ot, stride, j);
     V coef;
     auto reach = w != zero;
     if (kernel == RegressionKernel::kGaussian) {
@@ -311,17 +315,7 @@ bool nadaraya_watson_backward(const NwBackwardParams& p) {
         V mass = V{};
         const V one = V{} + T(1);
         for (int64_t j = 0; j < Lkp; j += L) {
-          V r2 = V{};
-          for (int64_t d = 0; d < D; ++d) {
-            const V diff = vbroadcast(x[d]) - vload(ot + d * Lkp + j);
-            r2 = vfma(diff, diff, r2);
-          }
-          V rr;
-          if constexpr (sizeof(T) == 4) {
-            rr = vsqrt_f32(r2);
-          } else {
-            rr = vsqrt<T>(r2);
-          }
+          const V rr = row.distance(x, ot, Lkp, j);
           const V u = rr * row.inv_h;
           V k = p.kernel == RegressionKernel::kBoxcar       ? one
                 : p.kernel == RegressionKernel::kTriangular ? one - u
