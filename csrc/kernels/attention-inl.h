@@ -124,10 +124,10 @@ struct TaskRefs {
 // Resolves task c: fills refs and rows[0:c.heads * c.nq) (head-major: row r is query head
 // h0 + r / nq, position i0 + r % nq) with visible keys clipped to [key_begin, key_end).
 // Returns the union of the rows' ranges in *klo, *khi (klo >= khi when no row sees a key).
-template <typename T, typename S = T, typename KV = S>
-inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
-                            int64_t key_end, TaskRefs<KV>* refs, RowRef<T, S>* rows, int64_t* klo,
-                            int64_t* khi) {
+// Task c's batch coordinates and key/value rows in *refs; returns its batch entry's query
+// (head 0, row 0).
+template <typename S, typename KV>
+inline const S* task_refs(const AttnParams& p, const TaskCoord& c, TaskRefs<KV>* refs) {
   const int64_t bn = p.batch_ndim;
   int64_t* coord = refs->coord;
   for (int64_t d = bn - 1, rest = c.b; d >= 0; --d) {
@@ -138,7 +138,16 @@ inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key
             c.hk * p.k.head_stride;
   refs->v = static_cast<const KV*>(p.v.data) + batch_offset(p.v.batch_stride, coord, bn) +
             c.hk * p.v.head_stride;
-  const S* q_b = static_cast<const S*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+  return static_cast<const S*>(p.q.data) + batch_offset(p.q.batch_stride, coord, bn);
+}
+
+template <typename T, typename S = T, typename KV = S>
+inline void setup_task_rows(const AttnParams& p, const TaskCoord& c, int64_t key_begin,
+                            int64_t key_end, TaskRefs<KV>* refs, RowRef<T, S>* rows, int64_t* klo,
+                            int64_t* khi) {
+  const int64_t bn = p.batch_ndim;
+  const int64_t* coord = refs->coord;
+  const S* q_b = task_refs<S>(p, c, refs);
   S* out_b =
       static_cast<S*>(const_cast<void*>(p.out.data)) + batch_offset(p.out.batch_stride, coord, bn);
   const uint8_t* bmask_b = p.bool_mask.data ? static_cast<const uint8_t*>(p.bool_mask.data) +

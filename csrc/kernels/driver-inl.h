@@ -23,6 +23,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -103,12 +104,65 @@ inline void open_task(const AttnParams& p, const Plan& plan, const MaskSummary& 
   if (sum.data) narrow_task_rows(p, sum, tv->c, tv->refs.coord, rows, klo, khi);
 }
 
+// The cache lines of up to kRuns runs of strided rows, asked for (into L2) a few at a time
+// while other work runs: an engine's next task's rows, read while this one computes.
+struct RowPrefetch {
+  static constexpr int kRuns = 4;
+  struct Run {
+    const char* base;
+    int64_t stride, bytes, rows;  // (bytes)
+  };
+  Run run[kRuns];
+  int nrun = 0;
+  int64_t at = 0, row = 0, off = 0;  // the next line: run[at], its row, its byte offset
+  int64_t per_step = 0;
+
+  void clear() { nrun = 0, at = row = off = 0; }
+  int64_t lines() const {
+    int64_t n = 0;
+    for (int i = 0; i < nrun; ++i) n += run[i].rows * ((run[i].bytes + 127) / 64);
+    return n;
+  }
+  void add(const void* base, int64_t stride, int64_t bytes, int64_t rows) {
+    if (nrun < kRuns && bytes > 0 && rows > 0)
+      run[nrun++] = Run{static_cast<const char*>(base), stride, bytes, rows};
+  }
+  // Asks for the next per_step lines (a row's lines from its first byte's line to its last).
+  void step() {
+    for (int64_t i = 0; i < per_step && at < nrun; ++i) {
+      const Run& u = run[at];
+      const char* r = u.base + row * u.stride;
+      const char* first =
+          r - (reinterpret_cast<uintptr_t>(r) & 63);  // the line holding the row's first byte
+      __builtin_prefetch(first + off, 0, 2);
+      off += 64;
+      if (first + off >= r + u.bytes) {
+        off = 0;
+        if (++row == u.rows) row = 0, ++at;
+      }
+    }
+  }
+};
+
+// Whether engine E reads ahead (E::kPrefetchNext): it then has reads_ahead(p, plan), whether
+// it does in this call, and prefetch_task(coord), called with the thread's next task before
+// the current task's last key block, whose rows it then asks for during that block.
+template <typename E, typename = void>
+struct prefetches_next : std::false_type {};
+template <typename E>
+struct prefetches_next<E, std::void_t<decltype(E::kPrefetchNext)>>
+    : std::bool_constant<E::kPrefetchNext> {};
+
 // Work item `item` (task item / splits, key split item % splits): its rows opened over the
 // split's keys, walked in blocks and finished (or saved as a partial for merge_task).
 // run_blocked's loop body, shared with the packed variable-length driver (varlen-inl.h).
-template <typename T, typename Engine, bool kSplit, typename S, typename KV>
+// before_last(), when given, is called before the item's last key block (run_blocked then
+// picks the thread's next item and lets the engine read its rows during that block).
+template <typename T, typename Engine, bool kSplit, typename S, typename KV,
+          typename BeforeLast = std::nullptr_t>
 inline void run_item(const AttnParams& p, const Plan& plan, const MaskSummary& sum, Engine& eng,
-                     RowRef<T, S>* rows, TaskView<T, S, KV>* tv, int64_t item) {
+                     RowRef<T, S>* rows, TaskView<T, S, KV>* tv, int64_t item,
+                     BeforeLast&& before_last = nullptr) {
   const int64_t splits = kSplit ? plan.key_splits : 1;
   const int64_t t = item / splits, split = item % splits;
   const int64_t key_begin = split * plan.split_len;
@@ -116,8 +170,11 @@ inline void run_item(const AttnParams& p, const Plan& plan, const MaskSummary& s
   int64_t klo, khi;
   open_task(p, plan, sum, t, key_begin, key_end, rows, tv, &klo, &khi);
   eng.begin(*tv);
-  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k)
+  for (int64_t kb = klo / plan.block_k * plan.block_k; kb < khi; kb += plan.block_k) {
+    if constexpr (!std::is_same_v<std::decay_t<BeforeLast>, std::nullptr_t>)
+      if (kb + plan.block_k >= khi) before_last();
     eng.block(*tv, kb, imin(plan.block_k, khi - kb));
+  }
   if constexpr (kSplit)
     eng.save_partial(*tv, t, split);
   else
@@ -155,6 +212,9 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   // Once per call: which keys the mask hides, so that blocks nobody sees are skipped.
   MaskSummary sum;
   if constexpr (skips_masked<Engine>::value) summarise_mask<T>(p, &sum);
+  bool ahead = false;  // whether the engine reads each thread's next task ahead
+  if constexpr (prefetches_next<Engine>::value && !kSplit) ahead = Engine::reads_ahead(p, plan);
+  std::atomic<int64_t> next_item{0};
   parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
     RowRef<T, S>* rows = nullptr;
@@ -167,10 +227,31 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
       failed = true;
     }
     TaskView<T, S, KV> tv;
+    constexpr bool kAhead = prefetches_next<Engine>::value && !kSplit;
+    if (kAhead && ahead) {
+      // Items handed out one at a time as with schedule(dynamic, 1), but a thread takes its
+      // next one when it starts the last key block of the current one, so that the engine
+      // reads the next one's rows into the cache while it computes (no key splits here:
+      // an item is a task).
+      int64_t item = next_item.fetch_add(1, std::memory_order_relaxed);
+      while (item < items) {
+        int64_t next = -1;
+        if (raw && !interrupted())  // (Ctrl-C: the call raises, out= unspecified)
+          run_item<T, Engine, kSplit>(p, plan, sum, eng, rows, &tv, item, [&] {
+            if (next >= 0) return;
+            next = next_item.fetch_add(1, std::memory_order_relaxed);
+            if constexpr (kAhead)
+              if (next < items)
+                eng.prefetch_task(task_coord(p, next, plan.heads, plan.block_q, plan.q_blocks));
+          });
+        item = next >= 0 ? next : next_item.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      if (!raw || interrupted()) continue;  // (Ctrl-C: the call raises, out= unspecified)
-      run_item<T, Engine, kSplit>(p, plan, sum, eng, rows, &tv, item);
+      for (int64_t item = 0; item < items; ++item) {
+        if (!raw || interrupted()) continue;  // (Ctrl-C: the call raises, out= unspecified)
+        run_item<T, Engine, kSplit>(p, plan, sum, eng, rows, &tv, item);
+      }
     }
     if constexpr (kSplit) {
 #pragma omp for schedule(static)

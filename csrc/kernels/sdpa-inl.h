@@ -63,6 +63,8 @@ struct SdpaScratch {
   T* acc = nullptr;  // max_rows x padded_dv(head_dim_v), unnormalised output
   T* m = nullptr;    // max_rows running row max
   T* l = nullptr;    // max_rows running row sum
+  // The thread's next task's rows, asked for a few lines per epilogue row (SdpaEngine).
+  RowPrefetch next;
 
   void layout(Arena& a, const SdpaParams& p, const Plan& plan) {
     constexpr int RT = kRowTile;
@@ -248,6 +250,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
       for (int64_t g = 0; g < nseg; ++g)
         for (int64_t j = imax(jlo, sa(g)); j < imin(jhi, se(g, w)); ++j)
           mx = s[j] != s[j] ? s[j] : mx;
+    sc.next.step();
     const T m_old = sc.m[r0 + r];
     const T m_new = softmax_new_max(mx, m_old);
     if (m_new == kNegInf) {  // everything so far masked
@@ -351,9 +354,52 @@ struct SdpaEngine {
 
   void layout(Arena& a) { sc.layout(a, p, plan); }
 
+  // Reading ahead (driver-inl.h): while a task computes its last key block, its epilogue
+  // asks for the thread's next task's first key block of K and V and its query rows (into
+  // L2, at most kAheadBytes, K and V first), which otherwise come from memory in loops
+  // that do nothing else (packing, the query's scaling). Tiled calls only, and only calls
+  // whose q/k/v outgrow the caches (kPrefetchMinBytes, as decoding's prefetch).
+  static constexpr bool kPrefetchNext = !kThin;
+  static constexpr int64_t kAheadBytes = int64_t(192) << 10;
+  int64_t cur_rows = 1;  // the current task's rows (the epilogue rows of its last block)
+
+  static bool reads_ahead(const SdpaParams& p, const Plan& plan) {
+    const int64_t heads_kv = batch_count(p) * p.num_heads_kv;
+    const int64_t bytes = heads_kv * (plan.heads * p.len_q * p.dim_q * int64_t(sizeof(S)) +
+                                      p.len_k * (p.dim_q + p.dim_v) * int64_t(sizeof(KV)));
+    return bytes >= kPrefetchMinBytes;
+  }
+
+  void prefetch_task(const TaskCoord& c) {
+    TaskRefs<KV> refs;
+    const S* q_b = task_refs<S>(p, c, &refs);
+    RowPrefetch& pf = sc.next;
+    pf.clear();
+    const int64_t keys = imin(plan.block_k, p.len_k);
+    const int64_t ks = p.k.row_stride * int64_t(sizeof(KV)),
+                  vs = p.v.row_stride * int64_t(sizeof(KV));
+    int64_t budget = kAheadBytes;
+    const auto add = [&](const void* base, int64_t stride, int64_t bytes, int64_t rows) {
+      rows = imax(0, imin(rows, budget / imax(bytes, 1)));
+      pf.add(base, stride, bytes, rows);
+      budget -= rows * bytes;
+    };
+    add(refs.k, ks, p.dim_q * int64_t(sizeof(KV)), keys);
+    add(refs.v, vs, p.dim_v * int64_t(sizeof(KV)), keys);
+    const int64_t qs = p.q.row_stride * int64_t(sizeof(S)), qrow = p.dim_q * int64_t(sizeof(S));
+    const S* q0 = q_b + c.h0 * p.q.head_stride + c.i0 * p.q.row_stride;
+    if (c.heads == 1 || (c.nq == p.len_q && p.q.head_stride == p.len_q * p.q.row_stride))
+      add(q0, qs, qrow, c.heads * c.nq);  // (the group's rows follow one another)
+    else
+      for (int64_t h = 0; h < c.heads; ++h) add(q0 + h * p.q.head_stride, qs, qrow, c.nq);
+    pf.per_step = imax(1, (pf.lines() + cur_rows - 1) / cur_rows);
+  }
+
   void begin(const TaskView<T, S, KV>& tv) {
     constexpr T kNegInf = -T(__builtin_inf());
     const int64_t E = p.dim_q, Eva = padded_dv<T>(p.dim_v), nrows = tv.nrows;
+    sc.next.clear();
+    cur_rows = imax(1, nrows);
     const T scale = T(p.scale);
     if constexpr (std::is_same_v<KV, int8_t>) {
       ks = static_cast<const float*>(p.key_scale.data) +

@@ -225,6 +225,22 @@ def test_bit_identical_for_any_thread_count(isa, case, dtype):
     )
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_read_ahead_calls(isa, is_causal):
+    """A call whose q/k/v outgrow the caches (16 MiB) reads each thread's next task ahead
+    and hands tasks out as it goes: same bits for any thread count, within the tolerances."""
+    q, k, v = qkv(15, (32, 8, 128, 64), (32, 4, 128, 64), (32, 4, 128, 64))
+    assert q.nbytes + k.nbytes + v.nbytes >= 16 << 20
+    ones = sdpa(q, k, v, is_causal=is_causal, num_threads=1, return_lse=True)
+    for n in (2, 3):
+        for a, b in zip(ones, sdpa(q, k, v, is_causal=is_causal, num_threads=n, return_lse=True)):
+            assert same_bits(a, b), f"num_threads={n} differs from num_threads=1"
+    expected = reference.scaled_dot_product_attention(
+        q[:6], k[:6], v[:6], is_causal=is_causal, return_lse=True, return_weights=True
+    )
+    assert_close_attention((ones[0][:6], ones[1][:6], None), expected, q[:6], k[:6], v[:6])
+
+
 def test_concurrent_python_threads(isa):
     """Calls from several Python threads at once give the same results as serial calls."""
     rng = np.random.default_rng(14)
