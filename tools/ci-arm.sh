@@ -42,7 +42,7 @@
 #   FASTATTN_ARM_MIRROR  Debian mirror for mmdebstrap (default: the host's apt mirror)
 #   FASTATTN_ARM_ISAS    full profile: the ISAs to test (default: every one the build has)
 #   FASTATTN_ARM_TESTS   test paths (default: tests/sdpa tests/family tests/varlen tests/lowp
-#                        tests/layer)
+#                        tests/layer tests/grad)
 #   FASTATTN_ARM_OTHER_ISA_PATHS  quick profile: where scalar and baseline meet the
 #                        ISA-parametrised tests (default: tests/sdpa)
 set -euo pipefail
@@ -192,7 +192,7 @@ available=$(in_root sh -c "cd $stage && python3 -c \
 echo "tools/ci-arm.sh: ARM ISAs in this build (under qemu): $available"
 
 # The semantics tests are tests/sdpa/test_semantics.py.
-read -r -a tests <<< "${FASTATTN_ARM_TESTS:-tests/sdpa tests/family tests/varlen tests/lowp tests/layer}"
+read -r -a tests <<< "${FASTATTN_ARM_TESTS:-tests/sdpa tests/family tests/varlen tests/lowp tests/layer tests/grad}"
 existing=()
 for t in "${tests[@]}"; do [[ -e $t ]] && existing+=("$t"); done
 # Deselected here only, each for its time under emulation (each runs in every x86 job):
