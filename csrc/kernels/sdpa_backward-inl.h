@@ -245,8 +245,9 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
   const AttnParams& p = bp.fwd;
   const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k;
   const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv, h0 = hk * pl.group;
-  for (int64_t h = 0; h < pl.group; ++h)
-    std::memset(acc + h * acc_heads * pl.ep, 0, size_t(p.len_q * pl.ep) * sizeof(T));
+  if (p.len_q > 0)  // (acc is null for a sequence of no query rows: memset(null) is UB)
+    for (int64_t h = 0; h < pl.group; ++h)
+      std::memset(acc + h * acc_heads * pl.ep, 0, size_t(p.len_q * pl.ep) * sizeof(T));
   const int64_t key_rows = bp.k_rows ? bp.k_rows : p.len_k;
   T* dk = static_cast<T*>(bp.dk) + (b * p.num_heads_kv + hk) * key_rows * E;
   T* dv = static_cast<T*>(bp.dv) + (b * p.num_heads_kv + hk) * key_rows * Ev;
