@@ -86,6 +86,12 @@ def merge_attention_states(args, out, threads: int):
     return finish(result, args.out_shape, args.result_dtype, out, in_place), lse
 
 
+def varlen_per_head(a, dtype, hq: int):
+    """A varlen call's sinks or ALiBi slopes as the kernels read them: (Hq,), contiguous,
+    in the compute dtype (None stays None)."""
+    return None if a is None else np.ascontiguousarray(np.broadcast_to(a.astype(dtype), (hq,)))
+
+
 def varlen_attention(args, want_lse: bool, out, threads: int):
     """A checked varlen_attention call."""
     dtype = args.compute_dtype
@@ -99,9 +105,6 @@ def varlen_attention(args, want_lse: bool, out, threads: int):
     result, in_place = result_buffer(out, args.out_shape, storage)
     lse = np.empty(args.out_shape[:-1], dtype) if want_lse else None
     hq = args.out_shape[1]
-
-    def per_head(a):  # (Hq,) in the compute dtype, as the kernel reads them
-        return None if a is None else np.ascontiguousarray(np.broadcast_to(a.astype(dtype), (hq,)))
 
     left, right = args.window
     _core.sdpa_varlen(
@@ -119,8 +122,8 @@ def varlen_attention(args, want_lse: bool, out, threads: int):
         window_left=left,
         window_right=right,
         num_threads=threads,
-        sinks=per_head(args.sinks),
-        alibi_slopes=per_head(args.alibi_slopes),
+        sinks=varlen_per_head(args.sinks, dtype, hq),
+        alibi_slopes=varlen_per_head(args.alibi_slopes, dtype, hq),
     )
     output = finish(result, args.out_shape, args.result_dtype, out, in_place)
     return (output, lse) if want_lse else output

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from fastattn import _core, _dispatch, _threads
+from fastattn._cpu import varlen_per_head
 from fastattn._grad_args import input_grad, sdpa_backward_args, sinks_grad, varlen_backward_args
 from fastattn._prepare import (
     batched_qkv,
@@ -294,14 +295,6 @@ scale, softcap, sinks, alibi_slopes
     d_v = np.zeros((hkv, tk, ev), compute)
     delta = np.zeros((hq, tq), compute)
     if e and ev and tq and tk and hq:
-
-        def per_head(a):  # (Hq,) in the compute dtype, as the kernel reads them
-            return (
-                None
-                if a is None
-                else np.ascontiguousarray(np.broadcast_to(a.astype(compute), (hq,)))
-            )
-
         left, right = args.window
         _core.sdpa_varlen_backward(
             query=kernel_ready(args.query, storage).transpose(1, 0, 2),
@@ -309,7 +302,7 @@ scale, softcap, sinks, alibi_slopes
             value=kernel_ready(args.value, storage).transpose(1, 0, 2),
             out=kernel_ready(fwd_out, storage).transpose(1, 0, 2),
             lse=np.ascontiguousarray(fwd_lse.T, dtype=compute),
-            alibi_slopes=per_head(args.alibi_slopes),
+            alibi_slopes=varlen_per_head(args.alibi_slopes, compute, hq),
             scale=args.scale,
             softcap=args.softcap or 0.0,
             causal=args.is_causal,
