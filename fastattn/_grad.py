@@ -33,14 +33,49 @@ def _numpy_only(fn: str, *arrays: object) -> None:
         )
 
 
-def _sinks_grad(sink_view, lse: np.ndarray, delta: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """d loss / d sinks: the sink is one more key of value 0, so dS_sink = -P_sink * D per
-    row (D = rowsum(grad_out * out), which is 0 on a row that sees no key), summed over the
-    rows of each head and reduced to the shape ``sinks`` was passed in."""
+def _gradients(kernel, args, arrays, sink_view, **options) -> tuple:
+    """(dq, dk, dv, d sinks per head or None) of one backward call in the compute dtype:
+    ``kernel`` (``_core.sdpa_backward`` or ``sdpa_varlen_backward``) run on ``arrays`` =
+    (q, k, v, out, grad_out) as it reads them, ``(..., H, L, features)`` views, and the
+    forward's ``lse`` ``(..., Hq, Lq)``, with its own ``options``; dq per query head, dk/dv
+    per key/value head. ``sink_view``: the sinks per head as ``lse`` is laid out (None:
+    no sinks). With no query row, key or value feature there is nothing to compute:
+    zeros (E >= 1 is the forward's rule, checked before)."""
+    compute = args.compute_dtype
+    *qkv, out, grad_out, lse = arrays
+    lse = np.ascontiguousarray(lse, dtype=compute)
+    grad_q, grad_k, grad_v = (np.zeros(a.shape, compute) for a in qkv)
+    delta = np.zeros(lse.shape, compute)  # D = rowsum(grad_out * out), 0 where not computed
+    if grad_q.size and grad_v.size:
+        kernel(
+            query=qkv[0],
+            key=qkv[1],
+            value=qkv[2],
+            out=out,
+            lse=lse,
+            scale=args.scale,
+            softcap=args.softcap or 0.0,
+            grad_out=grad_out,
+            grad_query=grad_q,
+            grad_key=grad_k,
+            grad_value=grad_v,
+            delta=delta,
+            **options,
+        )
+    if sink_view is None:
+        return grad_q, grad_k, grad_v, None
+    # The sink is one more key of value 0, so dS_sink = -P_sink * D per row (D is 0 on a
+    # row that sees no key), summed over the rows of each head.
     s = sink_view.astype(np.float64)[..., None]
     with np.errstate(invalid="ignore", over="ignore"):
-        p_sink = np.exp(np.where(s == -np.inf, -np.inf, s - lse))
-    return sinks_grad(-(p_sink * delta).sum(axis=-1), sinks)
+        p_sink = np.exp(np.where(s == -np.inf, -np.inf, s - lse.astype(np.float64)))
+    return grad_q, grad_k, grad_v, -(p_sink * delta.astype(np.float64)).sum(axis=-1)
+
+
+def _result(grads: list, grad_sinks, sinks) -> tuple:
+    """The public result: ``grads`` (query, key, value), then the gradient of ``sinks`` in
+    the shape and dtype they were passed in, when given."""
+    return tuple(grads) if sinks is None else (*grads, sinks_grad(grad_sinks, sinks))
 
 
 def scaled_dot_product_attention_backward(
@@ -140,72 +175,28 @@ softcap, sinks, alibi_slopes
         sinks,
         alibi_slopes,
     )
-    threads = _threads.resolve(num_threads)
-    compute, storage = args.compute_dtype, sdpa_storage_dtype(args)
     full_out = args.full_out_shape
-    q, k, v = batched_qkv(args, storage)
-    batch = args.batch
-    hq, lq, e = q.shape[-3:]
-    hkv, lk, ev = v.shape[-3:]
-    if e == 0 or ev == 0 or 0 in full_out or lk == 0:
-        d_q = np.zeros(batch + (hq, lq, e), compute)
-        d_k = np.zeros(batch + (hkv, lk, e), compute)
-        d_v = np.zeros(batch + (hkv, lk, ev), compute)
-        delta = np.zeros(full_out[:-1], compute)
-        if e == 0 and ev and lk and 0 not in full_out:  # no features: uniform weights
-            from fastattn import reference
-
-            return reference.scaled_dot_product_attention_backward(
-                grad_out,
-                query,
-                key,
-                value,
-                out,
-                lse,
-                attn_mask,
-                valid_lens=valid_lens,
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                window=window,
-                scale=scale,
-                softcap=softcap,
-                sinks=sinks,
-                alibi_slopes=alibi_slopes,
-            )
-    else:
-        g = kernel_ready(grad.reshape(full_out), storage)
-        o = kernel_ready(fwd_out.reshape(full_out), storage)
-        lse_c = np.ascontiguousarray(fwd_lse.reshape(full_out[:-1]), dtype=compute)
-        d_q = np.empty(batch + (hq, lq, e), compute)
-        d_k = np.empty(batch + (hkv, lk, e), compute)
-        d_v = np.empty(batch + (hkv, lk, ev), compute)
-        delta = np.empty(full_out[:-1], compute)
-        _, alibi_view = head_values(args)
-        _core.sdpa_backward(
-            query=q,
-            key=k,
-            value=v,
-            out=o,
-            lse=lse_c,
-            alibi_slopes=alibi_view,
-            scale=args.scale,
-            softcap=args.softcap or 0.0,
-            **shared_options(args, threads),
-            grad_out=g,
-            grad_query=d_q,
-            grad_key=d_k,
-            grad_value=d_v,
-            delta=delta,
-        )
+    sink_view, alibi_view = head_values(args)
+    storage = sdpa_storage_dtype(args)
+    *per_head, grad_sinks = _gradients(
+        _core.sdpa_backward,
+        args,
+        (
+            *batched_qkv(args, storage),
+            kernel_ready(fwd_out.reshape(full_out), storage),
+            kernel_ready(grad.reshape(full_out), storage),
+            fwd_lse.reshape(full_out[:-1]),
+        ),
+        sink_view,
+        alibi_slopes=alibi_view,
+        mask_summary=args.mask_summary,  # a BlockMask's own, as in the forward
+        **shared_options(args, _threads.resolve(num_threads)),
+    )
     grads = [
         input_grad(d, np.shape(a), src.dtype)
-        for d, a, src in ((d_q, query, args.query), (d_k, key, args.key), (d_v, value, args.value))
+        for d, a, src in zip(per_head, (query, key, value), (args.query, args.key, args.value))
     ]
-    if args.sinks is not None:
-        sink_view, _ = head_values(args)
-        lse64 = fwd_lse.reshape(full_out[:-1]).astype(np.float64)
-        grads.append(_sinks_grad(sink_view, lse64, delta.astype(np.float64), args.sinks))
-    return tuple(grads)
+    return _result(grads, grad_sinks, args.sinks)
 
 
 def varlen_attention_backward(
@@ -286,67 +277,30 @@ scale, softcap, sinks, alibi_slopes
         sinks,
         alibi_slopes,
     )
-    threads = _threads.resolve(num_threads)
-    compute = args.compute_dtype
-    storage = storage_dtype(args.result_dtype, compute)
-    (tq, hq, e), (tk, hkv, _), ev = args.query.shape, args.key.shape, args.value.shape[-1]
-    d_q = np.zeros((hq, tq, e), compute)
-    d_k = np.zeros((hkv, tk, e), compute)
-    d_v = np.zeros((hkv, tk, ev), compute)
-    delta = np.zeros((hq, tq), compute)
-    if e and ev and tq and tk and hq:
-        left, right = args.window
-        _core.sdpa_varlen_backward(
-            query=kernel_ready(args.query, storage).transpose(1, 0, 2),
-            key=kernel_ready(args.key, storage).transpose(1, 0, 2),
-            value=kernel_ready(args.value, storage).transpose(1, 0, 2),
-            out=kernel_ready(fwd_out, storage).transpose(1, 0, 2),
-            lse=np.ascontiguousarray(fwd_lse.T, dtype=compute),
-            alibi_slopes=varlen_per_head(args.alibi_slopes, compute, hq),
-            scale=args.scale,
-            softcap=args.softcap or 0.0,
-            causal=args.is_causal,
-            window_left=left,
-            window_right=right,
-            num_threads=threads,
-            grad_out=kernel_ready(grad, storage).transpose(1, 0, 2),
-            grad_query=d_q,
-            grad_key=d_k,
-            grad_value=d_v,
-            delta=delta,
-            cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
-            cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
-            bottom_right=args.bottom_right,
-        )
-    elif e == 0 and ev and tq and tk and hq:  # no features: uniform weights, the twin's way
-        from fastattn import reference
-
-        return reference.varlen_attention_backward(
-            grad_out,
-            query,
-            key,
-            value,
-            out,
-            lse,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            window=window,
-            scale=scale,
-            softcap=softcap,
-            sinks=sinks,
-            alibi_slopes=alibi_slopes,
-        )
+    storage = storage_dtype(args.result_dtype, args.compute_dtype)
+    # The packed call as one SDPA without a batch: (heads, tokens, features) views.
+    qkv_out_grad = [
+        kernel_ready(a, storage).transpose(1, 0, 2)
+        for a in (args.query, args.key, args.value, fwd_out, grad)
+    ]
+    left, right = args.window
+    hq = args.out_shape[1]
+    *per_head, grad_sinks = _gradients(
+        _core.sdpa_varlen_backward,
+        args,
+        (*qkv_out_grad, fwd_lse.T),
+        varlen_per_head(args.sinks, args.compute_dtype, hq),
+        alibi_slopes=varlen_per_head(args.alibi_slopes, args.compute_dtype, hq),
+        num_threads=_threads.resolve(num_threads),
+        causal=args.is_causal,
+        window_left=left,
+        window_right=right,
+        cu_seqlens_q=np.ascontiguousarray(args.cu_seqlens_q),
+        cu_seqlens_k=np.ascontiguousarray(args.cu_seqlens_k),
+        bottom_right=args.bottom_right,
+    )
     grads = [
         np.swapaxes(d, 0, 1).astype(a.dtype)
-        for d, a in ((d_q, args.query), (d_k, args.key), (d_v, args.value))
+        for d, a in zip(per_head, (args.query, args.key, args.value))
     ]
-    if args.sinks is not None:
-        sink_view = np.broadcast_to(args.sinks.astype(compute), (hq,))
-        grads.append(
-            _sinks_grad(
-                sink_view, fwd_lse.T.astype(np.float64), delta.astype(np.float64), args.sinks
-            )
-        )
-    return tuple(grads)
+    return _result(grads, grad_sinks, args.sinks)

@@ -4,6 +4,7 @@
 #include "api/sdpa_backward.h"
 #include "bindings/array_ref.h"
 #include "bindings/attention_args.h"
+#include "bindings/mask_summary.h"
 
 namespace py = pybind11;
 
@@ -16,8 +17,9 @@ void register_grad(py::module_& m) {
       m, "sdpa_backward",
       [](SdpaBackwardCall& call, const py::object& grad_out, const py::object& grad_query,
          const py::object& grad_key, const py::object& grad_value, const py::object& delta,
-         double softcap) {
-        call.out.writeable = call.lse.writeable = true;  // read only: no write check
+         double softcap, const py::object& mask_summary) {
+        call.out.writeable = call.lse.writeable = true;      // read only: no write check
+        call.mask_summary = prebuilt_summary(mask_summary);  // a BlockMask's, as in sdpa
         call.grad_out = array_ref(grad_out, "grad_out");
         call.grad_query = array_ref(grad_query, "grad_query");
         call.grad_key = array_ref(grad_key, "grad_key");
@@ -29,7 +31,7 @@ void register_grad(py::module_& m) {
       },
       "Gradients of blocked attention on validated, broadcast arrays (see fastattn/_grad.py).",
       py::arg("grad_out"), py::arg("grad_query"), py::arg("grad_key"), py::arg("grad_value"),
-      py::arg("delta"), py::arg("softcap") = 0.0);
+      py::arg("delta"), py::arg("softcap") = 0.0, py::arg("mask_summary") = py::none());
   // The packed call of varlen_attention_backward: (H, tokens, features) views as
   // sdpa_varlen's, lse and delta (Hq, total_q), alibi_slopes (Hq,); diag_offset unused.
   def_attention(

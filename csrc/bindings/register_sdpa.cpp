@@ -14,6 +14,7 @@
 #include "bindings/array_ref.h"
 #include "bindings/attention_args.h"
 #include "bindings/interruptible.h"
+#include "bindings/mask_summary.h"
 
 namespace py = pybind11;
 
@@ -325,14 +326,6 @@ PyObject* sdpa_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject
   }
 }
 
-// fastattn.block_mask's summary of its mask: the words (kernels/mask_summary-inl.h), and
-// the mask they summarise, held so that its data outlives the summary.
-struct PrebuiltMaskSummary {
-  py::array mask;
-  std::vector<uint64_t> words;
-  int64_t rows = 0, row_words = 0, len_k = 0;  // len_k: the mask's last axis
-};
-
 }  // namespace
 
 void register_sdpa(py::module_& m) {
@@ -370,10 +363,7 @@ void register_sdpa(py::module_& m) {
         call.softcap = softcap;
         call.key_scale = array_ref(key_scale, "key_scale");
         call.value_scale = array_ref(value_scale, "value_scale");
-        if (!mask_summary.is_none()) {
-          const auto& s = mask_summary.cast<const PrebuiltMaskSummary&>();
-          call.mask_summary = {s.words.data(), s.mask.data(), s.rows, s.row_words, s.len_k};
-        }
+        call.mask_summary = prebuilt_summary(mask_summary);
         py::gil_scoped_release release;
         scaled_dot_product_attention(call);
       },

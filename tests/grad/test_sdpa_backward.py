@@ -228,3 +228,65 @@ def test_against_torch_autograd():
     to.backward(torch.tensor(g))
     for a, t in zip(got, (tq, tk, tv)):
         np.testing.assert_allclose(a, t.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("module", [fastattn, reference])
+def test_no_features_refused_as_the_forward_does(module):
+    """E = 0 is outside the contract (docs/semantics.md: E >= 1): every backward refuses it
+    with its forward's message, the fast functions and their twins alike."""
+    q, k, v = np.ones((3, 2, 0)), np.ones((3, 2, 0)), np.ones((3, 2, 4))
+    out, lse, cu = np.zeros((3, 2, 4)), np.zeros((3, 2)), np.array([0, 3])
+    calls = (
+        (module.scaled_dot_product_attention, (q, k, v)),
+        (module.scaled_dot_product_attention_backward, (out, q, k, v, out, lse)),
+        (module.varlen_attention, (q, k, v, cu, cu)),
+        (module.varlen_attention_backward, (out, q, k, v, out, lse, cu, cu)),
+    )
+    for fn, call in calls:
+        with pytest.raises(ValueError, match=r"feature size E >= 1"):
+            fn(*call)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    empty=st.sampled_from(["batch", "lq", "lk", "ev"]),
+    mask=st.sampled_from([None, "bool", "float"]),
+    causal=st.booleans(),
+    sinks=st.booleans(),
+    alibi=st.booleans(),
+)
+def test_empty_shapes_computed_without_the_reference(seed, empty, mask, causal, sinks, alibi):
+    """A call with nothing to compute (no batch entry, query row, key or value feature)
+    gives the twin's gradients -- zeros, and the sinks' (0: D = 0 without values or keys)
+    in their shapes -- by the fast path alone: the float64 reference is made unreachable
+    while it runs."""
+    from unittest import mock
+
+    rng = np.random.default_rng(seed)
+    b, lq, lk, ev = (
+        0 if empty == x else n for x, n in (("batch", 2), ("lq", 5), ("lk", 6), ("ev", 3))
+    )
+    q = rng.standard_normal((b, 2, lq, 4))
+    k = rng.standard_normal((b, 2, lk, 4))
+    v = rng.standard_normal((b, 2, lk, ev))
+    kw = {"is_causal": causal}
+    if mask == "bool":
+        kw["attn_mask"] = rng.random((lq, lk)) < 0.7
+    elif mask == "float":
+        kw["attn_mask"] = rng.standard_normal((lq, lk))
+    if sinks:
+        kw["sinks"] = rng.standard_normal(2)
+    if alibi:
+        kw["alibi_slopes"] = rng.uniform(0.1, 0.5, 2)
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, **kw, return_lse=True)
+    g = rng.standard_normal(out.shape)
+    want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+    unreachable = mock.Mock(side_effect=AssertionError("the fast path called the reference"))
+    with mock.patch.multiple(
+        reference,
+        scaled_dot_product_attention_backward=unreachable,
+        varlen_attention_backward=unreachable,
+    ):
+        got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+    _check(got, want, np.float64)
