@@ -87,7 +87,8 @@ def check_window(window: object) -> tuple[int, int]:
     return sides[0], sides[1]
 
 
-def check_alignment(causal_alignment: object) -> None:
+def check_alignment(causal_alignment: object) -> str:
+    """``causal_alignment``, checked: ``"top_left"`` or ``"bottom_right"``."""
     if not isinstance(causal_alignment, str) or causal_alignment not in (
         "top_left",
         "bottom_right",
@@ -95,3 +96,4 @@ def check_alignment(causal_alignment: object) -> None:
         raise ValueError(
             f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}"
         )
+    return causal_alignment

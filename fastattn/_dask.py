@@ -41,11 +41,13 @@ from dask.highlevelgraph import HighLevelGraph
 from fastattn import _cpu, _cuda, _threads
 from fastattn._checks import check_flag
 from fastattn._cuda import standin
-from fastattn._layer_checks import check_unbatched_mask, head_valid_lens, layer_inputs
 from fastattn._validation import (
     additive_args,
     attention_spec,
+    check_unbatched_mask,
     check_valid_lens,
+    head_valid_lens,
+    layer_inputs,
     masked_softmax_args,
     merge_states_args,
     regression_args,

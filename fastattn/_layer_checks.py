@@ -1,6 +1,7 @@
-"""The argument checks of :class:`fastattn.MultiHeadAttention` and its NumPy twin: the
-layer's dtype, parameters and head split, its inputs, masks and KV cache rows, and a
-PyTorch ``state_dict``."""
+"""The checks of :class:`fastattn.MultiHeadAttention`'s construction and of its NumPy twin's
+weights: the layer's dtype, parameters and head split, and a PyTorch ``state_dict``. The
+checks of a call (inputs, masks, lengths, KV cache rows) are :mod:`fastattn._validation`'s,
+beside those of the other public functions' calls."""
 
 from __future__ import annotations
 
@@ -55,94 +56,6 @@ def check_head_split(embed_dim: int, num_heads: int, num_kv_heads: int) -> int:
     return embed_dim // num_heads
 
 
-def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
-    """A ``(B, L, features)`` or ``(L, features)`` float array."""
-    a = float_array(x, name)
-    if a.ndim > 3 or a.shape[-1] != features:
-        raise ValueError(
-            f"{name} must have shape (B, L, {features}) or (L, {features}) "
-            f"({feature_name}={features}), got shape {a.shape}"
-        )
-    return a
-
-
-def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
-    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
-    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
-    q = sequence_input(query, "query", embed_dim, "embed_dim")
-    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
-    if key is None and q.shape[-1] != kdim:
-        raise ValueError(
-            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
-            "pass key explicitly"
-        )
-    if value is None:
-        v = k
-        if k.shape[-1] != vdim:
-            raise ValueError(
-                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
-                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
-            )
-    else:
-        v = sequence_input(value, "value", vdim, "vdim")
-    for name, a in (("key", k), ("value", v)):
-        if a.ndim != q.ndim:
-            raise ValueError(
-                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
-                "(B, L, features) or both unbatched (L, features)"
-            )
-        if q.ndim == 3 and a.shape[0] != q.shape[0]:
-            raise ValueError(
-                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
-                f"({name} {a.shape}, query {q.shape})"
-            )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
-            f"(key {k.shape}, value {v.shape})"
-        )
-    batched = q.ndim == 3
-    if not batched:
-        q, k, v = q[None], k[None], v[None]
-    return q, k, v, batched
-
-
-def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
-    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
-    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
-    if valid_lens is None:
-        return None
-    vl = np.asarray(valid_lens)
-    if vl.dtype.kind not in "iu":
-        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
-    rows = (batch, num_q) if batched else (num_q,)
-    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
-        forms = (
-            "(B,) for one length per sequence or (B, Lq) for one per query"
-            if batched
-            else "() for one length or (Lq,) for one per query"
-        )
-        raise ValueError(
-            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
-            f"expected {forms} (size-1 axes broadcast)"
-        )
-    if not batched:
-        vl = vl[None] if vl.ndim else vl
-    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
-        vl = vl[:, None, :]
-    return vl
-
-
-def check_unbatched_mask(attn_mask: object, batched: bool):
-    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
-    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
-        raise ValueError(
-            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
-            "unbatched call (H, Lq, Lk)"
-        )
-    return attn_mask
-
-
 def projection_weights(
     num_heads, q_weight, k_weight, v_weight, out_weight, q_bias, k_bias, v_bias, out_bias
 ):
@@ -192,40 +105,6 @@ def projection_weights(
     num_kv = wk.shape[0] // head_dim
     check_head_split(e, heads, num_kv)
     return num_kv, pairs
-
-
-def kv_cache_rows(
-    cache: object, cache_type: type, layout: tuple, batch: int, num_new: int
-) -> tuple[int, int]:
-    """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checking that
-    it is a ``cache_type`` (the KVCache class) of the layer's ``layout`` (num_kv_heads,
-    head_dim, dtype) and batch, with room for them."""
-    if not isinstance(cache, cache_type):
-        raise TypeError(
-            f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
-            f"got {type(cache).__name__}"
-        )
-    theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
-    if layout != theirs:
-        raise ValueError(
-            f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
-            f"dtype={theirs[2]}, but this layer has num_kv_heads={layout[0]}, "
-            f"head_dim={layout[1]}, dtype={layout[2]}"
-        )
-    if cache.batch != batch:
-        raise ValueError(
-            f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
-            f"{batch} (an unbatched call counts as batch 1)"
-        )
-    start = cache.length
-    stop = start + num_new
-    if stop > cache.max_len:
-        raise ValueError(
-            f"kv_cache is full: appending {num_new} positions to the {start} cached would "
-            f"exceed its max_len={cache.max_len}; make a larger one with "
-            "new_kv_cache(batch, max_len)"
-        )
-    return start, stop
 
 
 def _to_numpy(value: object, name: str) -> np.ndarray:

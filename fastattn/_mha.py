@@ -1,11 +1,13 @@
 """fastattn.MultiHeadAttention: project, split heads, attend with the fast kernel, merge, project.
 
 The projections (:mod:`fastattn._projection`) are NumPy matmuls (BLAS); the heads are
-strided views of the projected arrays, fed straight to
-:func:`fastattn.scaled_dot_product_attention`, which writes its result into a
-``(B, L, H, D)`` buffer that the output projection reads as ``(B, L, E)``. So Q/K/V are
-never copied after they are projected. The layer's checks, shared with
-:func:`fastattn.reference.multi_head_attention`, are in :mod:`fastattn._layer_checks`.
+strided views of the projected arrays, handed to the CPU backend (:mod:`fastattn._cpu`,
+or the core's fast path for a decode step, as :func:`fastattn.scaled_dot_product_attention`
+takes it), which writes its result into a ``(B, L, H, D)`` buffer that the output
+projection reads as ``(B, L, E)``. So Q/K/V are never copied after they are projected. The
+layer's checks are :mod:`fastattn._validation`'s (a call's arguments, and the attention's
+record over the projected heads) and :mod:`fastattn._layer_checks`'s (its construction),
+shared with :func:`fastattn.reference.multi_head_attention`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastattn import _dispatch
+from fastattn import _core, _cpu, _dispatch, _sdpa, _threads
 from fastattn._checks import check_flag, check_size
 from fastattn._compute import average_heads
 from fastattn._dtypes import is_bfloat16
@@ -23,15 +25,17 @@ from fastattn._layer_checks import (
     check_head_split,
     check_layer_dtype,
     check_parameter,
-    check_unbatched_mask,
-    head_valid_lens,
-    kv_cache_rows,
-    layer_inputs,
     torch_state_dict,
 )
 from fastattn._projection import Projection
 from fastattn._quantize import quantize_kv
-from fastattn._sdpa import scaled_dot_product_attention
+from fastattn._validation import (
+    check_unbatched_mask,
+    head_valid_lens,
+    kv_cache_rows,
+    layer_attention,
+    layer_inputs,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -360,60 +364,53 @@ class MultiHeadAttention:
                     k_in.shape[1],
                 )
             q = self.q_proj.heads(q_in, self.num_heads)
+            scales = None
             if kv_cache is None:
                 k = self.k_proj.heads(k_in, self.num_kv_heads)
                 v = self.v_proj.heads(v_in, self.num_kv_heads)
-                alignment = "top_left"
             else:
                 rows = slice(start, stop)
                 if kv_cache.quantized:
                     # The new positions projected, then quantised into the cache's rows.
-                    for proj, x, store, scales in (
+                    for proj, x, store, scale in (
                         (self.k_proj, k_in, kv_cache._key, kv_cache._key_scale),
                         (self.v_proj, v_in, kv_cache._value, kv_cache._value_scale),
                     ):
                         fresh = np.empty((b, self.num_kv_heads, stop - start, self.head_dim), dt)
-                        store[:, :, rows], scales[:, :, rows] = quantize_kv(
+                        store[:, :, rows], scale[:, :, rows] = quantize_kv(
                             proj.into_heads(x, self.num_kv_heads, fresh)
                         )
-                    scaled = {
-                        "key_scale": kv_cache._key_scale[:, :, :stop],
-                        "value_scale": kv_cache._value_scale[:, :, :stop],
-                    }
+                    scales = (kv_cache._key_scale[:, :, :stop], kv_cache._value_scale[:, :, :stop])
                 else:
                     # Project the new positions straight into the cache's rows.
                     self.k_proj.into_heads(k_in, self.num_kv_heads, kv_cache._key[:, :, rows])
                     self.v_proj.into_heads(v_in, self.num_kv_heads, kv_cache._value[:, :, rows])
                 k = kv_cache._key[:, :, :stop]
                 v = kv_cache._value[:, :, :stop]
-                alignment = "bottom_right"
 
-            if kv_cache is None or not kv_cache.quantized:
-                scaled = {}
-            if num_q == 1 and not want_weights:
-                # A decode step: the (B, H, 1, D) result already lies as (B, 1, H * D), so the
-                # call needs no out= and takes the core's fast path (which declines out=).
-                merged = None
-                into = {}
-            else:
+            alignment = "top_left" if kv_cache is None else "bottom_right"
+            result = None
+            if (
+                num_q == 1
+                and not want_weights
+                and attn_mask is None
+                and vl is None
+                and scales is None
+                and _sdpa._fast_path
+            ):
+                # A decode step: the core's fast path, as scaled_dot_product_attention takes
+                # it (None: it declines). Its (B, H, 1, D) result lies as (B, 1, H * D).
+                fast = (None, None, None, False, False, None, num_threads, self._sinks, None)
+                result = _core.sdpa_fast(q, k, v, None, None, causal, alignment, *fast)
+            merged = result
+            if result is None:
+                args = layer_attention(q, k, v, attn_mask, vl, causal, alignment, self._sinks)
+                if scales is not None:
+                    args.key_scale, args.value_scale = scales
                 # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
                 merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
-                into = {"return_weights": want_weights, "out": merged.swapaxes(1, 2)}
-            result = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask,
-                valid_lens=vl,
-                is_causal=causal,
-                causal_alignment=alignment,
-                sinks=self._sinks,
-                num_threads=num_threads,
-                **into,
-                **scaled,
-            )
-            if merged is None:
-                merged = result
+                threads = _threads.resolve(num_threads)
+                result = _cpu.sdpa(args, merged.swapaxes(1, 2), False, want_weights, threads)
             if kv_cache is not None:
                 kv_cache.length = stop  # only once the call has succeeded
             out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))

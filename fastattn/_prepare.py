@@ -150,6 +150,12 @@ def head_values(args: SdpaArgs):
     return view(args.sinks), view(args.alibi_slopes)
 
 
+def varlen_per_head(a, dtype, hq: int):
+    """A varlen call's sinks or ALiBi slopes as the kernels read them: (Hq,), contiguous,
+    in the compute dtype (None stays None)."""
+    return None if a is None else np.ascontiguousarray(np.broadcast_to(a.astype(dtype), (hq,)))
+
+
 def softmax_masks(args: SoftmaxArgs):
     """(mask broadcast to x's shape, valid_lens broadcast to the rows' shape), or None."""
     mask = None if args.mask is None else np.broadcast_to(args.mask, args.x.shape)

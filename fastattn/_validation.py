@@ -48,6 +48,7 @@ from fastattn._dtypes import is_bfloat16
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 _FINFO_MAX = {d: float(np.finfo(d).max) for d in _FLOAT_DTYPES}
 _NATIVE_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_MAX_BYTES = int(np.iinfo(np.intp).max)  # what one array can hold
 
 SCORES = ("dot", "scaled_dot", "general", "cosine", "gaussian", "additive")
 NORMALIZERS = ("softmax", "hardmax", "topk")
@@ -91,7 +92,7 @@ def check_result_size(shape: tuple, itemsize: int, name: str) -> None:
     """A clear error for a result too large for any array (NumPy's own message for it
     names no argument): ``shape`` of ``itemsize``-byte items must fit in a signed
     machine word of bytes."""
-    limit = np.iinfo(np.intp).max
+    limit = _MAX_BYTES
     if math.prod(shape) * itemsize > limit:
         raise ValueError(
             f"{name} would have shape {tuple(shape)}: {math.prod(shape)} elements of "
@@ -317,32 +318,47 @@ def _layout(
     if len(batch) > _MAX_BATCH_DIMS:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
 
-    full_out = batch + (hq, lq, ev)
-    check_result_size(full_out, np.dtype(compute).itemsize, "the result")
+    return _record(
+        q3,
+        k3,
+        v3,
+        batch,
+        (result, compute),
+        out_ndim,
+        attn_mask,
+        valid_lens,
+        is_causal,
+        causal_alignment,
+        window,
+    )
+
+
+def _record(q3, k3, v3, batch, dtypes, out_ndim, mask, lens, causal, alignment, window) -> SdpaArgs:
+    """The record of q/k/v whose shapes are checked (at least 3-D, batch dims ``batch``,
+    ``dtypes`` = (result, compute)): the result's size, and the masks, lengths, causality
+    and window checked against the scores the caller sees (``out_ndim`` dims)."""
+    lq, lk = q3.shape[-2], k3.shape[-2]
+    full_out = batch + (q3.shape[-3], lq, v3.shape[-1])
+    check_result_size(full_out, np.dtype(dtypes[1]).itemsize, "the result")
     out_shape = full_out[len(full_out) - out_ndim :]
     scores = out_shape[:-1] + (lk,)
-    mask = None if attn_mask is None else check_attn_mask(attn_mask, "attn_mask", scores)
-    vl = None if valid_lens is None else check_valid_lens(valid_lens, scores[:-1], lk)
-    causal = check_flag(is_causal, "is_causal")
-    check_alignment(causal_alignment)
-    win = check_window(window)
     return SdpaArgs(
         query=q3,
         key=k3,
         value=v3,
         batch=batch,
-        attn_mask=mask,
-        valid_lens=vl,
-        result_dtype=result,
-        compute_dtype=compute,
+        attn_mask=None if mask is None else check_attn_mask(mask, "attn_mask", scores),
+        valid_lens=None if lens is None else check_valid_lens(lens, scores[:-1], lk),
+        result_dtype=dtypes[0],
+        compute_dtype=dtypes[1],
         out_shape=out_shape,
         full_out_shape=full_out,
         scale=1.0,
         softcap=None,
-        is_causal=causal,
-        diag_offset=(lk - lq) if causal_alignment == "bottom_right" else 0,
-        window=win,
-        mask_summary=_block_summary(attn_mask),
+        is_causal=check_flag(causal, "is_causal"),
+        diag_offset=(lk - lq) if check_alignment(alignment) == "bottom_right" else 0,
+        window=check_window(window),
+        mask_summary=_block_summary(mask),
     )
 
 
@@ -905,3 +921,144 @@ def regression_args(x_query, x_keys, y_values, kernel, bandwidth) -> RegressionA
         out_shape,
         batch + (lq, xk.shape[-2]),
     )
+
+
+# --------------------------------------------------------------------------------------
+# MultiHeadAttention's call (its construction and parameters: fastattn._layer_checks)
+
+
+def sequence_input(x: object, name: str, features: int, feature_name: str) -> np.ndarray:
+    """A ``(B, L, features)`` or ``(L, features)`` float array."""
+    a = float_array(x, name)
+    if a.ndim > 3 or a.shape[-1] != features:
+        raise ValueError(
+            f"{name} must have shape (B, L, {features}) or (L, {features}) "
+            f"({feature_name}={features}), got shape {a.shape}"
+        )
+    return a
+
+
+def layer_inputs(query, key, value, embed_dim: int, kdim: int, vdim: int):
+    """(query, key, value) checked against the layer's sizes, all 3-D ``(B, L, features)``,
+    and whether the inputs were batched. ``key`` defaults to ``query``, ``value`` to ``key``."""
+    q = sequence_input(query, "query", embed_dim, "embed_dim")
+    k = q if key is None else sequence_input(key, "key", kdim, "kdim")
+    if key is None and q.shape[-1] != kdim:
+        raise ValueError(
+            f"key defaults to query, whose feature size {q.shape[-1]} is not kdim={kdim}; "
+            "pass key explicitly"
+        )
+    if value is None:
+        v = k
+        if k.shape[-1] != vdim:
+            raise ValueError(
+                f"value defaults to {'query' if key is None else 'key'}, whose feature size "
+                f"{k.shape[-1]} is not vdim={vdim}; pass value explicitly"
+            )
+    else:
+        v = sequence_input(value, "value", vdim, "vdim")
+    for name, a in (("key", k), ("value", v)):
+        if a.ndim != q.ndim:
+            raise ValueError(
+                f"{name} has shape {a.shape} but query has shape {q.shape}: both batched "
+                "(B, L, features) or both unbatched (L, features)"
+            )
+        if q.ndim == 3 and a.shape[0] != q.shape[0]:
+            raise ValueError(
+                f"{name} has batch size {a.shape[0]} but query has {q.shape[0]} "
+                f"({name} {a.shape}, query {q.shape})"
+            )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"value has {v.shape[-2]} positions but key has {k.shape[-2]} "
+            f"(key {k.shape}, value {v.shape})"
+        )
+    batched = q.ndim == 3
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    return q, k, v, batched
+
+
+def head_valid_lens(valid_lens: object, batch: int, num_q: int, batched: bool):
+    """``valid_lens`` of the layer, ``()``/``(B,)``/``(B, Lq)`` (unbatched: ``()``/``(Lq,)``),
+    as the kernel's valid_lens for scores ``(B, H, Lq, Lk)``: a head axis goes in before Lq."""
+    if valid_lens is None:
+        return None
+    vl = np.asarray(valid_lens)
+    if vl.dtype.kind not in "iu":
+        raise TypeError(f"valid_lens must be an integer array, got dtype {vl.dtype}")
+    rows = (batch, num_q) if batched else (num_q,)
+    if vl.ndim > len(rows) or any(n not in (1, r) for n, r in zip(vl.shape, rows)):
+        forms = (
+            "(B,) for one length per sequence or (B, Lq) for one per query"
+            if batched
+            else "() for one length or (Lq,) for one per query"
+        )
+        raise ValueError(
+            f"valid_lens of shape {vl.shape} does not fit the queries' shape {rows}: "
+            f"expected {forms} (size-1 axes broadcast)"
+        )
+    if not batched:
+        vl = vl[None] if vl.ndim else vl
+    if vl.ndim == 2:  # per query: (B, Lq) -> (B, 1, Lq), broadcast over the heads
+        vl = vl[:, None, :]
+    return vl
+
+
+def check_unbatched_mask(attn_mask: object, batched: bool):
+    """An unbatched call's mask broadcasts to ``(H, Lq, Lk)``: no batch axis of its own."""
+    if attn_mask is not None and not batched and np.ndim(attn_mask) > 3:
+        raise ValueError(
+            f"attn_mask of shape {np.shape(attn_mask)} has more dims than the scores of an "
+            "unbatched call (H, Lq, Lk)"
+        )
+    return attn_mask
+
+
+def kv_cache_rows(
+    cache: object, cache_type: type, layout: tuple, batch: int, num_new: int
+) -> tuple[int, int]:
+    """(start, stop) rows of ``cache`` for ``num_new`` new positions, after checking that
+    it is a ``cache_type`` (the KVCache class) of the layer's ``layout`` (num_kv_heads,
+    head_dim, dtype) and batch, with room for them."""
+    if not isinstance(cache, cache_type):
+        raise TypeError(
+            f"kv_cache must be a KVCache from MultiHeadAttention.new_kv_cache, "
+            f"got {type(cache).__name__}"
+        )
+    theirs = (cache.num_kv_heads, cache.head_dim, cache.dtype)
+    if layout != theirs:
+        raise ValueError(
+            f"kv_cache holds num_kv_heads={theirs[0]}, head_dim={theirs[1]}, "
+            f"dtype={theirs[2]}, but this layer has num_kv_heads={layout[0]}, "
+            f"head_dim={layout[1]}, dtype={layout[2]}"
+        )
+    if cache.batch != batch:
+        raise ValueError(
+            f"kv_cache was made for batch={cache.batch} but the inputs have batch size "
+            f"{batch} (an unbatched call counts as batch 1)"
+        )
+    start = cache.length
+    stop = start + num_new
+    if stop > cache.max_len:
+        raise ValueError(
+            f"kv_cache is full: appending {num_new} positions to the {start} cached would "
+            f"exceed its max_len={cache.max_len}; make a larger one with "
+            "new_kv_cache(batch, max_len)"
+        )
+    return start, stop
+
+
+def layer_attention(q, k, v, attn_mask, valid_lens, is_causal, alignment, sinks) -> SdpaArgs:
+    """The attention of a layer call whose inputs are checked, over its projected
+    heads ``q (B, Hq, Lq, D)``, ``k``/``v (B, Hkv, Lk, D)`` (shapes and dtypes right by
+    construction; the scales of int8 k/v are the caller's to set): the mask checked against
+    the scores, the layer's ``sinks`` against the heads."""
+    dtypes = result_dtypes(q)
+    args = _record(
+        q, k, v, q.shape[:1], dtypes, 4, attn_mask, valid_lens, is_causal, alignment, None
+    )
+    args.scale = _check_scale(None, args)
+    if sinks is not None:
+        args.sinks = check_head_values(sinks, "sinks", args.full_out_shape[:-2])
+    return args

@@ -28,12 +28,7 @@ from fastattn._grad_args import (
     unread_zeroed,
     varlen_backward_args,
 )
-from fastattn._layer_checks import (
-    check_unbatched_mask,
-    head_valid_lens,
-    layer_inputs,
-    projection_weights,
-)
+from fastattn._layer_checks import projection_weights
 from fastattn._prepare import (
     attention_masks,
     head_values,
@@ -47,6 +42,9 @@ from fastattn._validation import (
     additive_args,
     attention_spec,
     check_out,
+    check_unbatched_mask,
+    head_valid_lens,
+    layer_inputs,
     masked_softmax_args,
     merge_states_args,
     quantize_args,

@@ -560,19 +560,20 @@ def test_empty_sequences():
 def test_heads_reach_the_kernel_as_views(monkeypatch):
     """The head split costs no copy: the kernel gets strided views of the projections (and
     of the cache), and writes its result straight into the merged (B, L, H, D) buffer."""
-    import fastattn._mha as mha_module
+    import fastattn._cpu as cpu_backend
 
     seen = []
-    real = mha_module.scaled_dot_product_attention
+    real = cpu_backend.sdpa
 
-    def spy(q, k, v, *args, **kwargs):
-        seen.append((q, k, v, kwargs["out"]))
-        return real(q, k, v, *args, **kwargs)
+    def spy(args, out, *rest):
+        seen.append((args.query, args.key, args.value, out))
+        return real(args, out, *rest)
 
-    monkeypatch.setattr(mha_module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(cpu_backend, "sdpa", spy)
     layer = MHA(16, 4, seed=0)
     x = randn(np.random.default_rng(0), (2, 5, 16))
-    layer(x)
+    expected = reference_call(layer, x)
+    assert_close(layer(x), expected, mha_tolerances(layer, x)[0])
     q, k, v, out = seen[-1]
     for a in (q, k, v, out):
         assert a.shape == (2, 4, 5, 4)
