@@ -128,24 +128,28 @@ def varlen_attention(args, want_lse: bool, out, threads: int):
 # masked_softmax
 
 
-def masked_softmax(args, out, threads: int):
-    """A checked masked_softmax call."""
-
-    # float16/bfloat16 go to the kernel as they are (it widens them row by row).
-    dtype = storage_dtype(args.x.dtype, args.compute_dtype)
+def _softmax_rows(kernel, args, result, threads: int, **arrays) -> None:
+    """Runs a masked-softmax kernel (``_core.masked_softmax`` or its backward) along
+    ``args.axis``: ``arrays`` (x, or weights and grad) and ``result`` as views with that
+    axis last, with the call's masks."""
     ax = args.axis
-    xk = item_aligned(args.x, dtype)
     keep, lens = softmax_masks(args)
-    result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
-
-    _core.masked_softmax(
-        x=np.moveaxis(xk, ax, -1),
+    kernel(
+        **{name: np.moveaxis(a, ax, -1) for name, a in arrays.items()},
         out=np.moveaxis(result, ax, -1),
         mask=None if keep is None else np.moveaxis(keep, ax, -1),
         valid_lens=lens,
         num_threads=threads,
     )
 
+
+def masked_softmax(args, out, threads: int):
+    """A checked masked_softmax call."""
+
+    # float16/bfloat16 go to the kernel as they are (it widens them row by row).
+    dtype = storage_dtype(args.x.dtype, args.compute_dtype)
+    result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
+    _softmax_rows(_core.masked_softmax, args, result, threads, x=item_aligned(args.x, dtype))
     return finish(result, args.x.shape, args.result_dtype, out, in_place)
 
 
@@ -271,34 +275,23 @@ def nadaraya_watson(ra, want_weights: bool, out, threads: int):
 # Gradients of the family (fastattn._family_grad)
 
 
-def _kept(args, lens, keep, shape):
-    """Full-shape bool of the entries a masked_softmax row keeps, or None (all kept)."""
-    allowed = None
-    if lens is not None:
-        allowed = np.arange(shape[-1]) < lens[..., None]
-    if keep is not None:
-        m = np.moveaxis(keep, args.axis, -1)
-        allowed = m if allowed is None else allowed & m
-    return allowed
-
-
 def masked_softmax_backward(args, grad, threads: int):
     """A checked masked_softmax_backward call (``args``: the SoftmaxArgs of the weights)."""
-    del threads  # NumPy row operations: one thread, deterministic
-    dtype, ax = args.compute_dtype, args.axis
-    w = np.moveaxis(args.x, ax, -1).astype(dtype, copy=False)
-    g = np.moveaxis(grad, ax, -1).astype(dtype, copy=False)
-    keep, lens = softmax_masks(args)
-    allowed = _kept(args, lens, keep, w.shape)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if allowed is not None:  # entries not kept are never read
-            w = np.where(allowed, w, dtype.type(0))
-            g = np.where(allowed, g, dtype.type(0))
-        dot = np.einsum("...j,...j->...", w, g)[..., None]
-        dx = w * (g - dot)
-        if allowed is not None:
-            dx = np.where(allowed, dx, dtype.type(0))
-    return np.moveaxis(dx, -1, ax).astype(args.result_dtype, copy=False)
+    # float16/bfloat16 weights and grad of that dtype go to the kernel as they are (it
+    # widens them row by row); other pairs are read in the compute dtype.
+    dtype = storage_dtype(args.x.dtype, args.compute_dtype)
+    if grad.dtype != args.x.dtype:
+        dtype = args.compute_dtype
+    result = np.empty(args.x.shape, dtype)
+    _softmax_rows(
+        _core.masked_softmax_backward,
+        args,
+        result,
+        threads,
+        weights=item_aligned(args.x, dtype),
+        grad=item_aligned(grad, dtype),
+    )
+    return result.astype(args.result_dtype, copy=False)
 
 
 def additive_backward(args, ws, grad_out, inputs, threads: int):

@@ -42,8 +42,11 @@ void set_normalizer(FamilyParams& p, const FamilyCall& c, const char* fn) {
 
 }  // namespace
 
-void masked_softmax(const MaskedSoftmaxCall& c) {
-  const char* fn = "masked_softmax";
+namespace {
+
+// The checked masked-softmax call (forward, or backward with x = the weights and grad)
+// into its params.
+MaskedSoftmaxParams softmax_params(const MaskedSoftmaxCall& c, const char* fn) {
   // float16/bfloat16 x is read as it is (widened in the kernel) and out written in its type.
   const Storage storage = storage_of(c.x);
   if (storage == Storage::kCompute) {
@@ -51,8 +54,10 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
             "x must be float32 or float64");
     require_float(c.x, c.x.itemsize, fn, "x");
     require_float(c.out, c.x.itemsize, fn, "out");
+    if (c.grad.present()) require_float(c.grad, c.x.itemsize, fn, "grad");
   } else {
     require(storage_of(c.out) == storage, fn, "out must have x's dtype");
+    require(!c.grad.present() || storage_of(c.grad) == storage, fn, "grad must have x's dtype");
   }
   require(c.out.writeable, fn, "out must be writeable");
   const int64_t nd = c.x.ndim();
@@ -71,6 +76,10 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   for (int64_t d = 0; d < nd - 1; ++d) p.row_shape[d] = c.x.shape[d];
   p.x = rows_of(c.x, "x", true);
   p.out = rows_of(c.out, "out", true);
+  if (c.grad.present()) {
+    require(c.grad.shape == c.x.shape, fn, "grad has the wrong shape");
+    p.grad = rows_of(c.grad, "grad", true);
+  }
   if (c.mask.present()) {
     require(c.mask.kind == 'b' && c.mask.itemsize == 1 && c.mask.shape == c.x.shape, fn,
             "mask must be bool with x's shape");
@@ -86,8 +95,27 @@ void masked_softmax(const MaskedSoftmaxCall& c) {
   require(c.num_threads >= 1, fn, "num_threads must be >= 1");
   p.num_threads = c.num_threads;
   p.storage = storage;
+  return p;
+}
+
+}  // namespace
+
+void masked_softmax(const MaskedSoftmaxCall& c) {
+  const char* fn = "masked_softmax";
+  require(!c.grad.present(), fn, "takes no grad");
+  const MaskedSoftmaxParams p = softmax_params(c, fn);
   const KernelTable& kernels = active_kernels();
   const bool ok = c.x.itemsize == 8 ? kernels.masked_softmax_f64(p) : kernels.masked_softmax_f32(p);
+  if (!ok) throw ScratchAllocationError(fn);
+}
+
+void masked_softmax_backward(const MaskedSoftmaxCall& c) {
+  const char* fn = "masked_softmax_backward";
+  require(c.grad.present(), fn, "grad is required");
+  const MaskedSoftmaxParams p = softmax_params(c, fn);
+  const KernelTable& kernels = active_kernels();
+  const bool ok = c.x.itemsize == 8 ? kernels.masked_softmax_backward_f64(p)
+                                    : kernels.masked_softmax_backward_f32(p);
   if (!ok) throw ScratchAllocationError(fn);
 }
 

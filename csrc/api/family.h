@@ -13,12 +13,15 @@
 namespace fastattn {
 
 // x/out: (rows..., len) with the softmax axis last (any strides); mask: bool of the same
-// shape (broadcast views fine); valid_lens: int64 (rows...).
+// shape (broadcast views fine); valid_lens: int64 (rows...). The backward takes the
+// forward's result as x and the gradient of that result as grad (x's shape and dtype),
+// and writes the gradient of the forward's x to out.
 struct MaskedSoftmaxCall {
-  ArrayRef x, out, mask, valid_lens;
+  ArrayRef x, out, mask, valid_lens, grad;
   int num_threads = 1;
 };
 void masked_softmax(const MaskedSoftmaxCall& call);
+void masked_softmax_backward(const MaskedSoftmaxCall& call);
 
 // The shared arguments (AttnCall; no lse), then the score's and the normaliser's own.
 // Additive: w_q (Dq, hidden), w_k (Dk, hidden), w_v (hidden,), C-contiguous. Kernel

@@ -112,7 +112,8 @@ struct MaskedSoftmaxParams {
   int64_t row_ndim = 0;
   int64_t row_shape[kMaxRowDims] = {};
   int64_t len = 0;      // entries per row
-  RowsView x, out;      // stored as `storage` (out is written)
+  RowsView x, out;      // stored as `storage` (out is written); backward: x = the weights
+  RowsView grad;        // backward only: the result's gradient, stored as `storage`
   RowsView mask;        // uint8 (NumPy bool), 1 = keep; data null if absent
   RowsView valid_lens;  // int64 per row (col_stride unused); data null if absent
   int num_threads = 1;

@@ -13,26 +13,43 @@ namespace py = pybind11;
 namespace fastattn {
 
 void register_family(py::module_& m) {
+  // masked_softmax and its backward: one call struct, the arrays as the caller names them.
+  auto softmax_call = [](void (*entry)(const MaskedSoftmaxCall&), const py::object& x,
+                         const py::object& grad, const py::object& out, const py::object& mask,
+                         const py::object& valid_lens, int num_threads) {
+    MaskedSoftmaxCall call;
+    call.x = array_ref(x, "x");
+    call.grad = array_ref(grad, "grad");
+    call.out = array_ref(out, "out");
+    call.mask = array_ref(mask, "mask");
+    call.valid_lens = array_ref(valid_lens, "valid_lens");
+    call.num_threads = num_threads;
+    Interruptible ctrl_c;  // Ctrl-C between the kernel's row chunks
+    {
+      // The arrays stay referenced by the caller's frame while the GIL is released.
+      py::gil_scoped_release release;
+      entry(call);
+    }
+    ctrl_c.check();
+  };
   m.def(
       "masked_softmax",
-      [](const py::object& x, const py::object& out, const py::object& mask,
-         const py::object& valid_lens, int num_threads) {
-        MaskedSoftmaxCall call;
-        call.x = array_ref(x, "x");
-        call.out = array_ref(out, "out");
-        call.mask = array_ref(mask, "mask");
-        call.valid_lens = array_ref(valid_lens, "valid_lens");
-        call.num_threads = num_threads;
-        Interruptible ctrl_c;  // Ctrl-C between the kernel's row chunks
-        {
-          // The arrays stay referenced by the caller's frame while the GIL is released.
-          py::gil_scoped_release release;
-          masked_softmax(call);
-        }
-        ctrl_c.check();
+      [softmax_call](const py::object& x, const py::object& out, const py::object& mask,
+                     const py::object& valid_lens, int num_threads) {
+        softmax_call(masked_softmax, x, py::none(), out, mask, valid_lens, num_threads);
       },
       py::arg("x"), py::arg("out"), py::arg("mask"), py::arg("valid_lens"), py::arg("num_threads"),
       "Softmax over the last axis of validated arrays (see fastattn/_family.py).");
+  m.def(
+      "masked_softmax_backward",
+      [softmax_call](const py::object& weights, const py::object& grad, const py::object& out,
+                     const py::object& mask, const py::object& valid_lens, int num_threads) {
+        softmax_call(masked_softmax_backward, weights, grad, out, mask, valid_lens, num_threads);
+      },
+      py::arg("weights"), py::arg("grad"), py::arg("out"), py::arg("mask"), py::arg("valid_lens"),
+      py::arg("num_threads"),
+      "The gradient of masked_softmax's x from its result (weights) and that result's "
+      "gradient, over the last axis of validated arrays (see fastattn/_family_grad.py).");
 
   // The shared keyword arguments (query ... num_threads) are attention_args.h's.
   def_attention(

@@ -49,21 +49,22 @@ using MaskSummaryFn = int64_t(const AttnParams& p, uint64_t* out, int64_t* row_w
 // sdpa_varlen (varlen_attention) is in kernels/varlen-inl.h, which sdpa-inl.h includes.
 // The attention kernels return false when scratch could not be allocated (the entry point
 // raises); the machine-limit probes return their measurement.
-#define FASTATTN_OPS(X)                                      \
-  X(sdpa, sdpa_forward, SdpaFn)                              \
-  X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */ \
-  X(sdpa, sdpa_varlen, VarlenFn)                             \
-  X(sdpa_backward, sdpa_backward, SdpaBackwardFn)            \
-  X(masked_softmax, masked_softmax, MaskedSoftmaxFn)         \
-  X(additive, additive_attention, FamilyFn)                  \
-  X(additive, project, ProjectFn)                            \
-  X(additive, additive_backward, AdditiveBackwardFn)         \
-  X(select, select_attention, FamilyFn)                      \
-  X(nadaraya_watson, nadaraya_watson, FamilyFn)              \
-  X(nadaraya_watson, nadaraya_watson_backward, NwBackwardFn) \
-  X(merge_states, merge_states, MergeStatesFn)               \
-  X(machine_limits, fma_peak, FmaPeakFn)                     \
-  X(machine_limits, read_bandwidth, ReadBandwidthFn)         \
+#define FASTATTN_OPS(X)                                       \
+  X(sdpa, sdpa_forward, SdpaFn)                               \
+  X(sdpa, exp2, ArrayFn) /* the softmax's exp2, for tests */  \
+  X(sdpa, sdpa_varlen, VarlenFn)                              \
+  X(sdpa_backward, sdpa_backward, SdpaBackwardFn)             \
+  X(masked_softmax, masked_softmax, MaskedSoftmaxFn)          \
+  X(masked_softmax, masked_softmax_backward, MaskedSoftmaxFn) \
+  X(additive, additive_attention, FamilyFn)                   \
+  X(additive, project, ProjectFn)                             \
+  X(additive, additive_backward, AdditiveBackwardFn)          \
+  X(select, select_attention, FamilyFn)                       \
+  X(nadaraya_watson, nadaraya_watson, FamilyFn)               \
+  X(nadaraya_watson, nadaraya_watson_backward, NwBackwardFn)  \
+  X(merge_states, merge_states, MergeStatesFn)                \
+  X(machine_limits, fma_peak, FmaPeakFn)                      \
+  X(machine_limits, read_bandwidth, ReadBandwidthFn)          \
   X(block_mask, mask_summary, MaskSummaryFn)
 
 #define FASTATTN_DECLARE_OP(source, name, Sig) \

@@ -129,6 +129,38 @@ def test_masked_softmax_backward_matches_reference(isa, case, dtype):
         assert same_bits(again[mask], got[mask])
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_masked_softmax_backward_rows_split_over_threads(isa, dtype):
+    """Rows enough for many chunks (the kernel's 16K-entry chunks over threads), a
+    strided axis (gathered rows) and both masks: the same bits on 1, 2 and 3 threads, and
+    within the tolerance of the float64 twin (16-bit storage: widened, computed in float32,
+    rounded once to the 16-bit type: 2 ulps of it on top)."""
+    if dtype == "bfloat16":
+        dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    else:
+        dt = np.dtype(dtype)
+    rng = np.random.default_rng(11)
+    shape, axis = (6, 300, 70), 1
+    x = (rng.standard_normal(shape) * 3).astype(dt)
+    lens = rng.integers(0, 301, size=(6, 70))
+    mask = rng.random(shape) > 0.2
+    w = fastattn.masked_softmax(x, lens, mask=mask, axis=axis)
+    go = rng.standard_normal(shape).astype(dt)
+    runs = [
+        fastattn.masked_softmax_backward(go, w, lens, mask=mask, axis=axis, num_threads=n)
+        for n in (1, 2, 3)
+    ]
+    assert all(same_bits(r, runs[0]) for r in runs[1:])
+    want = reference.masked_softmax_backward(go, w, lens, mask=mask, axis=axis)
+    got = runs[0]
+    assert got.dtype == dt and want.dtype == dt
+    tol = _tol([want], np.float32 if dt.itemsize == 2 else dt.type, shape[axis])
+    if dt.itemsize == 2:  # the result's own rounding, relative to each entry
+        eps16 = 2.0**-7 if dtype == "bfloat16" else 2.0**-10
+        tol = tol + 2 * eps16 * np.abs(want.astype(np.float64))
+    assert (np.abs(got.astype(np.float64) - want.astype(np.float64)) <= tol).all()
+
+
 def test_masked_softmax_backward_fully_masked_rows_are_zero():
     x = np.array([[1.0, 2.0, 3.0], [-np.inf, -np.inf, 0.5], [4.0, 5.0, 6.0]])
     w = fastattn.masked_softmax(x, np.array([3, 2, 0]))
