@@ -45,6 +45,22 @@ class SdpaArgs:
     def int8_kv(self) -> bool:
         return self.key_scale is not None
 
+    def named_inputs(self) -> dict:
+        """The arrays by the names the errors use (for ``out=``'s overlap check): the
+        inputs as checked, which hold the caller's memory (``np.asarray`` copies nothing
+        of an ndarray)."""
+        return {
+            "query": self.query,
+            "key": self.key,
+            "value": self.value,
+            "attn_mask": self.attn_mask,
+            "valid_lens": self.valid_lens,
+            "sinks": self.sinks,
+            "alibi_slopes": self.alibi_slopes,
+            "key_scale": self.key_scale,
+            "value_scale": self.value_scale,
+        }
+
     @property
     def full_scores_shape(self) -> tuple:
         return self.full_out_shape[:-1] + (self.key.shape[-2],)
@@ -109,6 +125,9 @@ class AdditiveWeights:
     w_k: np.ndarray  # (Dk, hidden)
     w_v: np.ndarray  # (hidden,)
 
+    def named_inputs(self) -> dict:
+        return {"w_q": self.w_q, "w_k": self.w_k, "w_v": self.w_v}
+
 
 @dataclass
 class AttentionSpec:
@@ -124,6 +143,14 @@ class AttentionSpec:
     weight: np.ndarray | None = None  # general: (Eq, Ek)
     additive: AdditiveWeights | None = None
     bandwidth: float | None = None  # gaussian
+
+    def named_inputs(self) -> dict:
+        """The call's arrays by the names the errors use (``out=``'s overlap check)."""
+        named = self.args.named_inputs()
+        named["weight"] = self.weight
+        if self.additive is not None:
+            named.update(self.additive.named_inputs())
+        return named
 
 
 @dataclass

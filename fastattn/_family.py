@@ -171,19 +171,7 @@ def additive_attention(
     threads = _threads.resolve(num_threads)
     if out is not None:
         check_out(
-            out,
-            args.out_shape,
-            args.result_dtype,
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "w_q": w_q,
-                "w_k": w_k,
-                "w_v": w_v,
-                "attn_mask": attn_mask,
-                "valid_lens": valid_lens,
-            },
+            out, args.out_shape, args.result_dtype, {**args.named_inputs(), **ws.named_inputs()}
         )
     return _cpu.additive(args, ws, "softmax", None, want_weights, out, threads)
 
@@ -309,23 +297,7 @@ def attention(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(
-            out,
-            args.out_shape,
-            args.result_dtype,
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "attn_mask": attn_mask,
-                "valid_lens": valid_lens,
-                "weight": weight,
-                "w_q": w_q,
-                "w_k": w_k,
-                "w_v": w_v,
-                "sinks": sinks,
-            },
-        )
+        check_out(out, args.out_shape, args.result_dtype, spec.named_inputs())
     return _cpu.attention(spec, want_weights, out, threads)
 
 

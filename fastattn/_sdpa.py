@@ -199,22 +199,7 @@ def scaled_dot_product_attention(
     want_weights = check_flag(return_weights, "return_weights")
     threads = _threads.resolve(num_threads)
     if out is not None:
-        check_out(
-            out,
-            args.out_shape,
-            args.result_dtype,
-            {
-                "query": query,
-                "key": key,
-                "value": value,
-                "attn_mask": attn_mask,
-                "valid_lens": valid_lens,
-                "sinks": sinks,
-                "alibi_slopes": alibi_slopes,
-                "key_scale": key_scale,
-                "value_scale": value_scale,
-            },
-        )
+        check_out(out, args.out_shape, args.result_dtype, args.named_inputs())
     return _cpu.sdpa(args, out, want_lse, want_weights, threads)
 
 
