@@ -323,7 +323,13 @@ def additive_backward(args, ws, grad_out, inputs, threads: int):
         dv = np.matmul(np.swapaxes(pg, -1, -2), go)
         dp = np.matmul(go, np.swapaxes(np.where(np.isnan(vv), dtype.type(0), vv), -1, -2))
         delta = np.einsum("...ie,...ie->...i", go, o)[..., None]
-        ds = np.where(pg != 0, pg * (dp - delta), dtype.type(0))
+        # dS = P * (dP - delta), 0 where P is 0, built in dP's buffer (P is not needed
+        # after it: released, so the call holds two Lq x Lk arrays at most, dS and dS^T).
+        ds = dp
+        ds -= delta
+        ds *= pg
+        np.copyto(ds, dtype.type(0), where=pg == 0)
+        del p, pg, dp
         # The tanh chain. A NaN projection only meets rows whose P is NaN (the key is seen)
         # or 0 (hidden): zeroing it keeps hidden keys out and NaN rows NaN through dS.
         # The C++ kernel reads the projections with hidden zero-padded to 64 bytes (a
@@ -419,6 +425,8 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
         lqp, lkp = -(-lq // per) * per, -(-lk // per) * per
 
         def padded(a, length, fill=0):
+            if a.shape[-1] == length and a.flags.c_contiguous:  # already padded: no copy
+                return a
             shape = a.shape[:-1] + (length,)
             out = np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
             out[..., : a.shape[-1]] = a

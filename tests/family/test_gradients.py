@@ -452,3 +452,33 @@ def test_backward_errors_name_the_argument():
         fastattn.nadaraya_watson_backward(
             np.ones(2), np.ones(2), np.ones(4), np.ones(4), kernel="x"
         )
+
+
+def test_family_backwards_memory_stays_within_the_documented_arrays():
+    """docs/semantics.md (how they are computed): at Lq = Lk = 512, float32, the peak of
+    the arrays NumPy allocates (tracemalloc) is at most 3 score-sized arrays for
+    additive_attention_backward (dS and its transpose, briefly P and dP) and 4.5 for
+    nadaraya_watson_backward (weights, grad_out . y and their transposes)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(12)
+    n, dt = 512, np.float32
+    q, k = rng.standard_normal((n, 8)).astype(dt), rng.standard_normal((n, 8)).astype(dt)
+    v = rng.standard_normal((n, 16)).astype(dt)
+    w_q, w_k = (rng.standard_normal((8, 16)).astype(dt) / 3 for _ in range(2))
+    w_v = rng.standard_normal(16).astype(dt)
+    g = rng.standard_normal((n, 16)).astype(dt)
+    x_q, x_k = rng.standard_normal((n, 2)).astype(dt), rng.standard_normal((n, 2)).astype(dt)
+    y, g_y = rng.standard_normal((n, 3)).astype(dt), rng.standard_normal((n, 3)).astype(dt)
+    scores = n * n * 4
+    for limit, call in (
+        (3.0, lambda: fastattn.additive_attention_backward(g, q, k, v, w_q, w_k, w_v)),
+        (4.5, lambda: fastattn.nadaraya_watson_backward(g_y, x_q, x_k, y, bandwidth=0.5)),
+    ):
+        tracemalloc.start()
+        try:
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak <= limit * scores, (peak / scores, limit)
