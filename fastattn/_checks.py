@@ -4,9 +4,8 @@ and BlockMask can use them too.
 
 Each message names the argument, what it got and what was expected; the semantics they
 enforce are written down in ``docs/semantics.md``. The array checks and those of whole
-calls are in
-:mod:`fastattn._validation` (the attention functions) and :mod:`fastattn._layer_checks`
-(the multi-head layer).
+calls (every public function's, the multi-head layer's included) are in
+:mod:`fastattn._validation`; the layer's construction checks in :mod:`fastattn._layer_checks`.
 """
 
 from __future__ import annotations
