@@ -31,7 +31,7 @@ from fastattn._prepare import (
     sdpa_storage_dtype,
     selection,
     shared_options,
-    softmax_masks,
+    softmax_rows,
     storage_dtype,
     to_batch,
     varlen_per_head,
@@ -128,28 +128,14 @@ def varlen_attention(args, want_lse: bool, out, threads: int):
 # masked_softmax
 
 
-def _softmax_rows(kernel, args, result, threads: int, **arrays) -> None:
-    """Runs a masked-softmax kernel (``_core.masked_softmax`` or its backward) along
-    ``args.axis``: ``arrays`` (x, or weights and grad) and ``result`` as views with that
-    axis last, with the call's masks."""
-    ax = args.axis
-    keep, lens = softmax_masks(args)
-    kernel(
-        **{name: np.moveaxis(a, ax, -1) for name, a in arrays.items()},
-        out=np.moveaxis(result, ax, -1),
-        mask=None if keep is None else np.moveaxis(keep, ax, -1),
-        valid_lens=lens,
-        num_threads=threads,
-    )
-
-
 def masked_softmax(args, out, threads: int):
     """A checked masked_softmax call."""
 
     # float16/bfloat16 go to the kernel as they are (it widens them row by row).
     dtype = storage_dtype(args.x.dtype, args.compute_dtype)
     result, in_place = result_buffer(out, args.x.shape, dtype, any_layout=True)
-    _softmax_rows(_core.masked_softmax, args, result, threads, x=item_aligned(args.x, dtype))
+    rows = softmax_rows(args, result, x=item_aligned(args.x, dtype))
+    _core.masked_softmax(**rows, num_threads=threads)
     return finish(result, args.x.shape, args.result_dtype, out, in_place)
 
 
@@ -283,14 +269,10 @@ def masked_softmax_backward(args, grad, threads: int):
     if grad.dtype != args.x.dtype:
         dtype = args.compute_dtype
     result = np.empty(args.x.shape, dtype)
-    _softmax_rows(
-        _core.masked_softmax_backward,
-        args,
-        result,
-        threads,
-        weights=item_aligned(args.x, dtype),
-        grad=item_aligned(grad, dtype),
+    rows = softmax_rows(
+        args, result, weights=item_aligned(args.x, dtype), grad=item_aligned(grad, dtype)
     )
+    _core.masked_softmax_backward(**rows, num_threads=threads)
     return result.astype(args.result_dtype, copy=False)
 
 

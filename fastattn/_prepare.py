@@ -164,6 +164,19 @@ def softmax_masks(args: SoftmaxArgs):
     return mask, lens
 
 
+def softmax_rows(args: SoftmaxArgs, result: np.ndarray, **arrays) -> dict:
+    """A masked-softmax kernel's arguments (``_core.masked_softmax`` or its backward) along
+    ``args.axis``: ``arrays`` (x, or weights and grad), ``result`` (as ``out``) and the
+    call's masks as views with that axis last."""
+    ax = args.axis
+    keep, lens = softmax_masks(args)
+    rows = {name: np.moveaxis(a, ax, -1) for name, a in arrays.items()}
+    rows["out"] = np.moveaxis(result, ax, -1)
+    rows["mask"] = None if keep is None else np.moveaxis(keep, ax, -1)
+    rows["valid_lens"] = lens
+    return rows
+
+
 # --------------------------------------------------------------------------------------
 # attention(): scores rewritten as dot products, the kernel's normaliser
 
