@@ -487,7 +487,7 @@ def varlen_attention_backward(
             k[:, keys],
             v[:, keys],
             o_n,
-            o_n[..., 0],
+            np.zeros(o_n.shape[:-1]),  # (also with Ev = 0)
             is_causal=args.is_causal,
             causal_alignment=causal_alignment,
             window=window_arg,

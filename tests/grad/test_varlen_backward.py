@@ -82,3 +82,26 @@ def test_varlen_backward_bit_identical_for_any_thread_count():
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert a.tobytes() == b.tobytes()
+
+
+def test_varlen_backward_empty_shapes_match_reference():
+    """No query token, no key token, or no value feature (with sinks, ALiBi, causal): the
+    twin's gradients (zeros; the sinks' from D = 0), by the fast path without the
+    reference (made unreachable while it runs). The twin failed on Ev = 0 before."""
+    from unittest import mock
+
+    rng = np.random.default_rng(2)
+    for lq, lk, ev in ((0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 3)):
+        cu_q, cu_k = np.array([0, lq]), np.array([0, lk])
+        q, k = rng.standard_normal((lq, 2, 4)), rng.standard_normal((lk, 2, 4))
+        v = rng.standard_normal((lk, 2, ev))
+        kw = {"sinks": rng.standard_normal(2), "alibi_slopes": np.array([0.1, 0.2])}
+        out, lse = fastattn.varlen_attention(
+            q, k, v, cu_q, cu_k, is_causal=True, **kw, return_lse=True
+        )
+        call = (rng.standard_normal(out.shape), q, k, v, out, lse, cu_q, cu_k)
+        want = reference.varlen_attention_backward(*call, is_causal=True, **kw)
+        unreachable = mock.Mock(side_effect=AssertionError("the fast path called the reference"))
+        with mock.patch.object(reference, "varlen_attention_backward", unreachable):
+            got = fastattn.varlen_attention_backward(*call, is_causal=True, **kw)
+        _check(got, want, np.float64)
