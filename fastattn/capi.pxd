@@ -4,6 +4,8 @@
 # module import (GIL held), then call sdpa()/masked_softmax()/merge_attention_states() (or the
 # table directly) from
 # nogil code, prange loops included. See the header fastattn/fastattn.h for the contract.
+# The calls are reentrant, so a module that uses only them and import_fastattn() (at module
+# import) may declare `# cython: freethreading_compatible=True` for a free-threaded CPython.
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport free, malloc

@@ -9,14 +9,14 @@
 #  1. Debian trixie's python3.13 source package (apt-get source, from a deb-src list kept in
 #     FASTATTN_FT_CACHE: the host's own apt configuration is not touched), configured with
 #     --disable-gil and installed into the cache (once; about 5 minutes on 2 quiet cores).
-#  2. A venv of it with NumPy's cp313t wheel, pytest, hypothesis, threadpoolctl and the build
-#     tools from PyPI; fastattn built from this checkout into it (a regular, non-editable
-#     install, in FASTATTN_FT_BUILD).
-#  3. pytest with PYTHON_GIL=0 (the GIL stays off even if an extension did not declare
-#     itself free-threading safe: the test is of the code, not of the declaration) on the
-#     concurrency, thread-setting, Dask-free kernel and fast-path tests, run from outside the
-#     checkout so that the installed package is the one imported. Then whether the module
-#     declares itself free-threading safe (it does not yet: docs/threads.md).
+#  2. A venv of it with NumPy's cp313t wheel, pytest, hypothesis, threadpoolctl, Cython (the
+#     C API's Cython test) and the build tools from PyPI; fastattn built from this checkout
+#     into it (a regular, non-editable install, in FASTATTN_FT_BUILD).
+#  3. pytest on the concurrency, thread-setting, Dask-free kernel and fast-path tests, run
+#     from outside the checkout so that the installed package is the one imported, with
+#     PYTHON_GIL unset: the module declares itself free-threading safe, so the GIL stays off
+#     (pyproject's filterwarnings=error turns CPython's warning about a module that re-enables
+#     it into a failure). Then a check that `import fastattn` leaves the GIL off.
 #  The PyPI wheels it needs for cp313t: NumPy's (binary only: an sdist build takes long),
 #  and hypothesis 6.155.7 (later releases need a Rust toolchain for 3.13t).
 #
@@ -39,7 +39,7 @@ done
 start=$(date +%s)
 cache=${FASTATTN_FT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fastattn-freethreaded}
 build=${FASTATTN_FT_BUILD:-build-ft}
-tests=${FASTATTN_FT_TESTS:-tests/reliability/test_concurrency.py tests/reliability/test_threads_config.py tests/reliability/test_threads_sharing.py tests/sdpa/test_fast_path.py tests/sdpa/test_fast_call_order.py tests/sdpa/test_semantics.py tests/family tests/varlen}
+tests=${FASTATTN_FT_TESTS:-tests/reliability/test_concurrency.py tests/reliability/test_threads_config.py tests/reliability/test_threads_sharing.py tests/sdpa/test_fast_path.py tests/sdpa/test_fast_call_order.py tests/sdpa/test_semantics.py tests/family tests/varlen tests/grad tests/capi/test_cython.py}
 prefix=$cache/py313t
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
@@ -74,10 +74,11 @@ py=$prefix/bin/python3.13t
 
 # 2. The venv and fastattn.
 venv=$cache/venv
-if [[ ! -x $venv/bin/python ]]; then
-  "$py" -m venv "$venv"
+[[ -x $venv/bin/python ]] || "$py" -m venv "$venv"
+if ! "$venv/bin/python" -c 'import Cython, numpy, pytest, hypothesis' 2> /dev/null; then
   "$venv/bin/pip" install -q --disable-pip-version-check --only-binary :all: numpy pytest \
-    "hypothesis==6.155.7" threadpoolctl "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake
+    "hypothesis==6.155.7" threadpoolctl "scikit-build-core>=0.10" "pybind11>=2.13" ninja cmake \
+    "cython>=3.1"
 fi
 echo "+ pip install . (free-threaded $("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])'))"
 "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps . \
@@ -87,14 +88,15 @@ echo "+ pip install . (free-threaded $("$venv/bin/python" -c 'import sys; print(
 repo=$(pwd)
 paths=()
 for t in $tests; do paths+=("$repo/$t"); done
-echo "+ PYTHON_GIL=0 pytest ${tests}"
-(cd "$cache" && PYTHON_GIL=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+echo "+ pytest ${tests} (GIL off)"
+(cd "$cache" && env -u PYTHON_GIL "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir="$repo" -c "$repo/pyproject.toml" "${paths[@]}" "${pytest_extra[@]}")
-# fastattn does not declare itself free-threading safe yet (docs/threads.md says why), so
-# importing it without PYTHON_GIL=0 turns the GIL back on: report which it is.
-(cd "$cache" && "$venv/bin/python" -W ignore -c '
+# The module declares itself free-threading safe (py::mod_gil_not_used()): importing it
+# must leave the GIL off.
+(cd "$cache" && env -u PYTHON_GIL "$venv/bin/python" -c '
 import sys
 import fastattn
-print("after import fastattn without PYTHON_GIL=0 the GIL is", "on" if sys._is_gil_enabled() else "off")
+assert not sys._is_gil_enabled(), "import fastattn turned the GIL on"
+print("after import fastattn the GIL is off")
 ')
 echo "tools/freethreaded.sh: passed in $(( $(date +%s) - start )) s"

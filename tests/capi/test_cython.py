@@ -15,7 +15,7 @@ from helpers.capi_build import build_cython_module
 pytest.importorskip("Cython")
 
 SOURCE = r"""
-# cython: boundscheck=False, wraparound=False
+# cython: boundscheck=False, wraparound=False, freethreading_compatible=True
 from cython.parallel cimport prange
 cimport fastattn.capi as fa
 

@@ -12,6 +12,8 @@ chosen positions asks for a value-preserving layout (:data:`KEEPS_VALUES`).
 
 from __future__ import annotations
 
+import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -200,3 +202,38 @@ def assert_close(name, got, expected, tol, skip_rows=None):
         f"{name}: error {err[over][:4]} over the tolerance "
         f"{np.broadcast_to(tol, err.shape)[over][:4]} at {np.argwhere(over)[:4].tolist()}"
     )
+
+
+def longest_pause_beside(call, repeats: int = 3) -> tuple[float, int]:
+    """Runs ``call()`` ``repeats`` times on a second thread while this thread loops on 1 ms
+    sleeps; returns the longest gap between two of this thread's loop turns (seconds) and
+    the number of turns. A kernel that held the GIL (or, on a free-threaded CPython, kept
+    its thread state attached so that a stop-the-world waited for it) stalls the loop for
+    a whole call.
+
+    The clock starts once the worker has been let go, not before ``Thread.start()``:
+    waiting for a lock on CPython 3.13t spins on ``sched_yield`` 40 times without
+    re-reading the lock (CPython gh-135871), and on a loaded machine each yield lends the
+    core out for a scheduler slice, so ``start()``'s handshake took 0.1-0.2 s while the new
+    thread computed. That stall is the interpreter's, whatever the thread runs (NumPy's
+    ``a @ a`` too), and gone with ``sched_yield`` made a no-op: docs/threads.md.
+    """
+    go, done = threading.Event(), threading.Event()
+
+    def work():
+        go.wait()
+        try:
+            for _ in range(repeats):
+                call()
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    go.set()
+    ticks = [time.perf_counter()]
+    while not done.is_set():
+        time.sleep(0.001)
+        ticks.append(time.perf_counter())
+    worker.join()
+    return float(np.diff(ticks).max()) if len(ticks) > 1 else 0.0, len(ticks)

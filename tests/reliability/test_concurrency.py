@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 
@@ -53,7 +54,40 @@ def calls():
     part_lses = list(
         np.where(rng.random((5, 2, 4, 33)) < 0.2, -np.inf, rng.normal(0, 5, (5, 2, 4, 33)))
     )
+    # The backward functions' inputs: the forward's out and lse, a gradient of out.
+    out, lse = fastattn.scaled_dot_product_attention(
+        q, k, v, is_causal=True, window=(20, None), return_lse=True
+    )
+    grad_out = rng.standard_normal(out.shape, dtype=np.float32)
+    tq, tk, tv = (a[0].transpose(1, 0, 2) for a in (q, k, v))  # token-major (varlen)
+    cu_q, cu_k = [0, 20, 20, 33], [0, 9, 34, 70]
+    vout, vlse = fastattn.varlen_attention(tq, tk, tv, cu_q, cu_k, is_causal=True, return_lse=True)
+    weights = fastattn.masked_softmax(x, rng_free_lens(x), axis=1)
     return {
+        "sdpa_backward": lambda n: fastattn.scaled_dot_product_attention_backward(
+            grad_out, q, k, v, out, lse, is_causal=True, window=(20, None), num_threads=n
+        ),
+        "varlen_attention_backward": lambda n: fastattn.varlen_attention_backward(
+            grad_out[0, :, :, :].transpose(1, 0, 2)[:33, :, :8],
+            tq,
+            tk,
+            tv,
+            vout,
+            vlse,
+            cu_q,
+            cu_k,
+            is_causal=True,
+            num_threads=n,
+        ),
+        "masked_softmax_backward": lambda n: fastattn.masked_softmax_backward(
+            x * 0.5, weights, rng_free_lens(x), axis=1, num_threads=n
+        ),
+        "additive_attention_backward": lambda n: fastattn.additive_attention_backward(
+            grad_out, q, k, v, w_q, w_k, w_v, mask, valid_lens=vl, num_threads=n
+        ),
+        "nadaraya_watson_backward": lambda n: fastattn.nadaraya_watson_backward(
+            y[:50] * 0.5, xq, xk, y, bandwidth=1.3, num_threads=n
+        ),
         "sdpa": lambda n: fastattn.scaled_dot_product_attention(
             q, k, v, mask, valid_lens=vl, return_lse=True, return_weights=True, num_threads=n
         ),
@@ -120,7 +154,8 @@ def rng_free_lens(x):
 
 
 def flatten(result) -> list:
-    return list(result) if isinstance(result, tuple) else [result]
+    """A result's arrays (nadaraya_watson_backward's float bandwidth gradient as one)."""
+    return [np.asarray(a) for a in (result if isinstance(result, tuple) else (result,))]
 
 
 def assert_identical(got, expected, what):
@@ -315,3 +350,23 @@ def test_results_do_not_depend_on_the_thread_count(isa):
         one = fn(1)
         for n in (2, 3, 8):
             assert_identical(fn(n), one, f"{name}, {n} threads vs 1")
+
+
+@pytest.mark.skipif(
+    not sysconfig.get_config_var("Py_GIL_DISABLED"), reason="needs a free-threaded CPython"
+)
+def test_free_threaded_import_keeps_the_gil_off():
+    """The module declares itself free-threading safe (docs/threads.md): on a free-threaded
+    CPython, importing fastattn (and the NumPy it imports) leaves the GIL off, without
+    PYTHON_GIL=0 and without CPython's RuntimeWarning about an undeclared module."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_GIL"}
+    code = "import sys, fastattn; print(sys._is_gil_enabled())"
+    run = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False", run.stdout
