@@ -158,7 +158,6 @@ inline V exp2_poly(V f) {
 template <typename T, bool kNonPositive = false, bool kToBf16 = false, typename V>
 inline V exp2_approx_vec(V x) {
   using Tr = Exp2Traits<T>;
-  typedef typename Tr::Bits BitsV __attribute__((vector_size(sizeof(V))));
   typedef typename Tr::UBits UBitsV __attribute__((vector_size(sizeof(V))));
   // Clamp to [kMin - 1, kMax]: n = kMin - 1 gives a zero exponent field, so the result
   // is exactly 0 there (2^-inf = 0, denormals flushed) with no select (AVX-512: by a mask,
@@ -187,11 +186,16 @@ inline V exp2_approx_vec(V x) {
     }
   }
 #endif
-  const V n = (xc + ExpTraits<T>::kRound) - ExpTraits<T>::kRound;  // round to nearest
+  // n = xc rounded to nearest (ties to even) by adding kRound = 1.5 * 2^mantissa: the sum
+  // lies in [2^mantissa, 2^(mantissa+1)), where the spacing is 1, so its low bits hold n
+  // (kRound's own bits there are 0) and shifting them, biased, into the exponent field
+  // pushes kRound's bits out: 2^n without converting n to an integer (AVX2: one
+  // instruction fewer per vector on the ports the FMAs use), the same bits as before.
+  // Unsigned, so a NaN's bits make the shift defined.
+  const V t = xc + ExpTraits<T>::kRound;
+  const V n = t - ExpTraits<T>::kRound;
   const V poly = exp2_poly<T, kToBf16>(xc - n);
-  // Unsigned: a NaN's integer conversion may be anything, and must not make the shift UB.
-  const UBitsV e = ((UBitsV) __builtin_convertvector(n, BitsV) + ExpTraits<T>::kBias)
-                   << ExpTraits<T>::kMantissa;
+  const UBitsV e = ((UBitsV)t + ExpTraits<T>::kBias) << ExpTraits<T>::kMantissa;
   return poly * (V)e;
 }
 
