@@ -349,18 +349,25 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
 // AVX2 (16 ymm registers, no embedded broadcast): tiles of 6 rows where the rows allow,
 // 12 accumulators + 2 column vectors + 1 broadcast. The 4-row tile's 8 accumulators only
 // just cover two FMA ports of latency 4, so every broadcast, load or loop step that
-// delays an FMA left a port idle (the AVX-512 kernels fold the broadcast into the FMA);
-// 12 chains leave slack, and a tile's 8 loads per 12 FMAs fit two load ports.
+// delays an FMA left a port idle; 12 chains leave slack, and a tile's 8 loads per 12
+// FMAs fit two load ports.
+// AVX-512 (32 zmm registers): tiles of 8 rows, 16 accumulators + 2 column vectors + 1
+// broadcast, for the same slack (GCC issues each row's broadcast as its own vbroadcastss,
+// so 10 loads per 16 FMAs); a call's rows, whole 4-row tiles, are cut 8 at a time and a
+// last 4.
 template <typename T>
-constexpr int kWideRowTile = kVecBytes<T> == 32 ? 6 : kRowTile;
+constexpr int kWideRowTile = kVecBytes<T> == 32   ? 6
+                             : kVecBytes<T> == 64 ? 8
+                                                  : kRowTile;
 
 // Rows of the next tile of a call's nrows (a multiple of kRowTile) with `left` rows still
 // to do: kWideRowTile while what remains can still be cut into tiles, else kRowTile
-// (left = 4 or 8 after 6-row tiles never leaves 2).
+// (left = 4 or 8 after 6-row tiles never leaves 2; 8-row tiles leave 0 or 4).
 template <typename T>
 inline int tile_rows_next(int64_t left) {
   if constexpr (kWideRowTile<T> != kRowTile)
-    if (left >= kWideRowTile<T> && left != 4 && left != 8) return kWideRowTile<T>;
+    if (left >= kWideRowTile<T> && (kWideRowTile<T> % kRowTile == 0 || (left != 4 && left != 8)))
+      return kWideRowTile<T>;
   return kRowTile;
 }
 
