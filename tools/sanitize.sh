@@ -81,13 +81,15 @@ case "$mode" in
                  tests/family/test_nadaraya_watson.py tests/reliability/test_fuzz.py
                  tests/reliability/test_edge_inputs.py tests/capi/test_capi.py
                  tests/varlen/test_varlen.py tests/tile_skipping/test_tile_skipping.py
-                 tests/lowp tests/sdpa/test_sinks_alibi.py) ;;
+                 tests/lowp tests/sdpa/test_sinks_alibi.py tests/grad/test_sdpa_backward.py
+                 tests/grad/test_varlen_backward.py tests/family/test_gradients.py) ;;
   default)
     pytest_args=(tests/sdpa/test_semantics.py tests/sdpa/test_properties.py
                  tests/sdpa/test_errors.py tests/sdpa/test_exp2.py tests/family tests/layer
                  tests/reliability/test_fuzz.py tests/reliability/test_edge_inputs.py
                  tests/reliability/test_concurrency.py tests/reliability/test_large_index.py
-                 tests/capi tests/varlen tests/tile_skipping tests/lowp tests/sdpa/test_sinks_alibi.py) ;;
+                 tests/capi tests/varlen tests/tile_skipping tests/lowp tests/sdpa/test_sinks_alibi.py
+                 tests/grad) ;;
   all)
     pytest_args=(tests) ;;
 esac
