@@ -104,6 +104,7 @@ constexpr int64_t kFirstMark = 50'000'000, kLongestMark = 1'600'000'000;
 constexpr int64_t kLateStart = 200'000;
 std::atomic<int64_t> g_contended_until{0};
 std::atomic<int64_t> g_mark{kFirstMark};
+std::atomic<int64_t> g_last_late{0};  // when a region last found its workers late (0: never)
 std::atomic<bool> g_watch{true};
 
 }  // namespace
@@ -145,25 +146,34 @@ int team_threads(int requested) {
 }
 
 void team_report(int threads, int64_t latest_start_ns, int64_t region_ns) {
-  if (threads <= 1) return;
+  if (threads > 1) team_report_at(latest_start_ns, region_ns, now_ns());
+}
+
+void team_report_at(int64_t latest_start_ns, int64_t region_ns, int64_t now) {
   const bool late = latest_start_ns > kLateStart && 4 * latest_start_ns > region_ns;
   const int64_t until = g_contended_until.load(std::memory_order_relaxed);
-  const int64_t now = now_ns();
   if (late) {
-    // Late again after a mark ran out: the other processes are still there, wait longer.
-    const int64_t mark = until != 0
-                             ? std::min(2 * g_mark.load(std::memory_order_relaxed), kLongestMark)
-                             : kFirstMark;
-    g_mark.store(mark, std::memory_order_relaxed);
-    g_contended_until.store(now + mark, std::memory_order_relaxed);
+    // Late again soon after the last late region (while marked, or after a probe found the
+    // workers on time: beside a busy process most regions find a core, a few wait a time
+    // slice): the other processes are still there, so wait twice as long. Restarting at
+    // the first mark made such a neighbour cost a time slice every 50 ms.
+    const int64_t mark = g_mark.load(std::memory_order_relaxed);
+    const int64_t last = g_last_late.load(std::memory_order_relaxed);
+    const bool recent = until != 0 || (last != 0 && now - last < 2 * mark + kFirstMark);
+    const int64_t next = recent ? std::min(2 * mark, kLongestMark) : kFirstMark;
+    g_mark.store(next, std::memory_order_relaxed);
+    g_last_late.store(now, std::memory_order_relaxed);
+    g_contended_until.store(now + next, std::memory_order_relaxed);
   } else if (until != 0 && now >= until) {  // (a region begun before the mark says nothing)
-    g_mark.store(kFirstMark, std::memory_order_relaxed);
-    g_contended_until.store(0, std::memory_order_relaxed);
+    g_contended_until.store(0, std::memory_order_relaxed);  // the mark is kept, for a while
   }
 }
 
+int64_t team_contended_until() { return g_contended_until.load(std::memory_order_relaxed); }
+
 void team_reset(bool contended) {
   g_mark.store(kFirstMark);
+  g_last_late.store(0);
   g_contended_until.store(contended ? now_ns() + kLongestMark : 0);
 }
 

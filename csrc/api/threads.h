@@ -40,12 +40,17 @@ int64_t now_ns();
 // late (another process held the cores) marks the team contended for a while, during which
 // team_threads gives 1 (threads_for_work asks it for calls of up to a few milliseconds): a
 // call then costs its work on the core it has, not a scheduler time slice spent waiting for
-// a worker that cannot run. The mark lasts 50 ms, doubling (up to 1.6 s) while regions after
-// it find the workers late again; a region whose workers start on time clears it.
+// a worker that cannot run. The mark lasts 50 ms; a region after it whose workers start on
+// time clears it. A late region soon after the last one (within twice the mark plus 50 ms,
+// a probe found on time in between or not) marks twice as long, up to 1.6 s.
 int team_threads(int requested);
 // After a region of `threads` threads: the latest start of a worker and the region's
 // length, both from the region's start.
 void team_report(int threads, int64_t latest_start_ns, int64_t region_ns);
+// team_report's rule for a region of 2+ threads ending at `now` (now_ns()); for tests.
+void team_report_at(int64_t latest_start_ns, int64_t region_ns, int64_t now);
+// The end of the mark (now_ns() time), 0 if none.
+int64_t team_contended_until();
 // For tests: clear the record; or mark the team contended now.
 void team_reset(bool contended);
 // For measurements (bench/shared_cores.py): whether team_threads heeds the mark (default on).

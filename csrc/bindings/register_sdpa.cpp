@@ -456,6 +456,12 @@ void register_sdpa(py::module_& m) {
         "Whether small calls heed the late-worker mark (on by default; off for A/B timings).");
   m.def("team_contended", &team_contended,
         "Whether calls now run on one thread because worker threads started late.");
+  m.def("team_report_at", &team_report_at, py::arg("latest_start_ns"), py::arg("region_ns"),
+        py::arg("now_ns"),
+        "Record a 2-thread region that ended at now_ns (monotonic ns; for tests).");
+  m.def("team_contended_until", &team_contended_until,
+        "When the late-worker mark ends (monotonic ns), 0 if none (for tests).");
+  m.def("now_ns", &now_ns, "The monotonic clock of the late-worker watch, in ns (for tests).");
 }
 
 }  // namespace fastattn

@@ -227,6 +227,28 @@ def test_late_workers_mark_the_team_contended():
     assert int(out) > 0
 
 
+def test_late_again_soon_after_a_probe_marks_longer():
+    """Beside a process that holds a core, most regions find their workers on time and a
+    few wait a time slice: a late region soon after the on-time probe that cleared the mark
+    doubles the mark (up to 1.6 s) instead of starting again at 50 ms, which cost a time
+    slice every 50 ms; one long after the last late region starts at 50 ms."""
+    ms = 1_000_000
+    late, on_time = (5 * ms, 6 * ms), (10_000, 6 * ms)  # (latest worker start, region)
+    t = _core.now_ns()
+    _core.team_report_at(*late, t)
+    assert _core.team_contended_until() == t + 50 * ms
+    for mark in (100, 200, 400, 800, 1600, 1600):
+        t = _core.team_contended_until() + ms
+        _core.team_report_at(*on_time, t)  # the probe after the mark: on time, cleared
+        assert _core.team_contended_until() == 0
+        _core.team_report_at(*late, t + 2 * ms)
+        assert _core.team_contended_until() == t + 2 * ms + mark * ms
+    t = _core.team_contended_until() + ms
+    _core.team_report_at(*on_time, t)
+    _core.team_report_at(*late, t + 10_000 * ms)  # the neighbour left long ago
+    assert _core.team_contended_until() == t + 10_050 * ms
+
+
 def test_results_identical_when_contended(isa):
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 4, 200, 32)) for _ in range(3))
