@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The ARM (aarch64) job of .ci/run: cross-compile fastattn's C++ core for aarch64 and run the
-# kernel, semantics, family, varlen, low-precision and layer tests under qemu-user, on every
-# ARM ISA variant the build has (FASTATTN_ISA).
+# kernel, semantics, family, varlen, low-precision, layer and gradient tests under qemu-user,
+# on every ARM ISA variant the build has (FASTATTN_ISA): scalar, baseline, neon and
+# neon_bf16 (qemu's default CPU, "max", reports FEAT_BF16).
 #
 #   tools/ci-arm.sh               # the quick profile (CI's default; installs what it needs)
 #   tools/ci-arm.sh --full        # the full profile: every test on every ISA
 #   tools/ci-arm.sh -- -x -k foo  # anything after "--" goes to every pytest run
 #
 # Steps:
-#  1. Host tools from the host's apt: qemu-user-static (with binfmt_misc, so that arm64
-#     programs run in a chroot and the tests' subprocesses run too), mmdebstrap and
-#     g++-aarch64-linux-gnu.
+#  1. Host tools from the host's apt (a Debian or Ubuntu host): qemu-user-static (with
+#     binfmt_misc, so that arm64 programs run in a chroot and the tests' subprocesses run
+#     too), mmdebstrap and g++-aarch64-linux-gnu. Every network fetch (apt, the Debian
+#     mirror, PyPI) is tried three times before the job fails, saying which one failed.
 #  2. A Debian arm64 root (the host's release, from the mirror the host's apt uses), made
 #     once and kept in FASTATTN_ARM_CACHE: python3, python3-dev (the headers the extension
 #     is compiled against) and libgomp1 from Debian, with their dependencies, unpacked by
@@ -26,10 +28,12 @@
 #  4. The tests under emulation, in a chroot of the root (tools/ci_arm_isa.py says which
 #     ISA meets which test):
 #     quick (default): one pytest run, as `pytest` runs on an ARM machine: every test under
-#       the default ISA (neon, the one users get), and the ISA-parametrised kernel tests
-#       (the `isa` and `sdpa_impl` fixtures) under scalar and baseline too, those under
-#       FASTATTN_ARM_OTHER_ISA_PATHS only (default tests/sdpa: the SDPA kernels' properties
-#       and semantics, the kernels the other paths call too).
+#       the default ISA (neon_bf16 under qemu, the one users with FEAT_BF16 get), and the
+#       ISA-parametrised kernel tests (the `isa` and `sdpa_impl` fixtures) under scalar,
+#       baseline and neon too, those under FASTATTN_ARM_OTHER_ISA_PATHS only (default
+#       tests/sdpa: the SDPA kernels' properties and semantics, the kernels the other paths
+#       call too; and for neon tests/lowp/test_storage.py, whose bfloat16 cases check its
+#       widening, where it differs from neon_bf16).
 #     full: one run per ISA with FASTATTN_ISA set; each keeps its own ISA's case of the
 #       ISA-parametrised tests and every other test, so every test meets every ISA once.
 #     Both deselect the few tests too slow under emulation (listed below; each runs in
@@ -43,8 +47,9 @@
 #   FASTATTN_ARM_ISAS    full profile: the ISAs to test (default: every one the build has)
 #   FASTATTN_ARM_TESTS   test paths (default: tests/sdpa tests/family tests/varlen tests/lowp
 #                        tests/layer tests/grad)
-#   FASTATTN_ARM_OTHER_ISA_PATHS  quick profile: where scalar and baseline meet the
-#                        ISA-parametrised tests (default: tests/sdpa)
+#   FASTATTN_ARM_OTHER_ISA_PATHS  quick profile: where the other ISAs meet the
+#                        ISA-parametrised tests; ISA=path for one ISA only (default:
+#                        tests/sdpa neon=tests/lowp/test_storage.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,7 +59,7 @@ while [[ $# -gt 0 ]]; do
     --) shift; pytest_extra=("$@"); break ;;
     --quick) FASTATTN_ARM_PROFILE=quick ;;
     --full) FASTATTN_ARM_PROFILE=full ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "tools/ci-arm.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -66,9 +71,30 @@ if [[ $profile != quick && $profile != full ]]; then
 fi
 
 if [[ $(id -u) != 0 ]]; then
-  echo "tools/ci-arm.sh: needs root (apt-get, binfmt_misc, mount and chroot)" >&2
+  echo "tools/ci-arm.sh: needs root (apt-get, binfmt_misc, mount and chroot);" \
+    "FASTATTN_CI_ARM=0 skips the ARM job in .ci/run" >&2
   exit 2
 fi
+if ! command -v apt-get > /dev/null; then
+  echo "tools/ci-arm.sh: needs a Debian or Ubuntu host (apt-get) for its tools" >&2
+  exit 2
+fi
+
+# A network fetch: tried three times, 20 then 40 s apart, before the job fails naming it.
+# $1 says what it fetches; the rest is the command.
+fetch() {
+  local what=$1 try
+  shift
+  for try in 1 2 3; do
+    "$@" && return 0
+    if [[ $try != 3 ]]; then
+      echo "tools/ci-arm.sh: $what failed (try $try of 3), again in $((20 * try)) s" >&2
+      sleep $((20 * try))
+    fi
+  done
+  echo "tools/ci-arm.sh: $what failed 3 times: is the network (or the mirror) reachable?" >&2
+  exit 1
+}
 start=$(date +%s)
 cache=${FASTATTN_ARM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fastattn-arm}
 build=${FASTATTN_ARM_BUILD:-build-arm}
@@ -79,7 +105,11 @@ mkdir -p "$cache"
 # 1. Host tools. binfmt_misc first, so that installing qemu-user-static registers its
 # handlers (flag F: the interpreter is opened now, so it also runs inside the chroot).
 if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
-  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || {
+    echo "tools/ci-arm.sh: cannot mount binfmt_misc (a container without the privilege?):" \
+      "arm64 programs cannot run under qemu-user here" >&2
+    exit 1
+  }
 fi
 need=()
 for pkg in qemu-user-static binfmt-support mmdebstrap g++-aarch64-linux-gnu; do
@@ -87,11 +117,18 @@ for pkg in qemu-user-static binfmt-support mmdebstrap g++-aarch64-linux-gnu; do
 done
 if [[ ${#need[@]} -gt 0 ]]; then
   echo "+ apt-get install ${need[*]}"
-  apt-get update -q > /dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" > /dev/null
+  apt_install() {
+    apt-get update -q > /dev/null &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" > /dev/null
+  }
+  fetch "apt-get install ${need[*]}" apt_install "${need[@]}"
 fi
 if [[ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
-  update-binfmts --enable qemu-aarch64
+  update-binfmts --enable qemu-aarch64 || true
+fi
+if [[ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
+  echo "tools/ci-arm.sh: qemu-aarch64 is not registered with binfmt_misc" >&2
+  exit 1
 fi
 tools_done=$(date +%s)
 
@@ -112,12 +149,15 @@ if [[ ! -f $root/.fastattn-recipe || $(cat "$root/.fastattn-recipe") != "$recipe
   fi
   mirror=${mirror:-http://deb.debian.org/debian}
   echo "+ mmdebstrap --variant=extract --architectures=arm64 --include=$debs $suite $root $mirror"
-  rm -rf "$root"
-  mmdebstrap --mode=root --variant=extract --architectures=arm64 --include="$debs" \
-    "$suite" "$root" "$mirror" > "$cache/mmdebstrap.log" 2>&1 || {
-    tail -n 30 "$cache/mmdebstrap.log" >&2
-    exit 1
+  make_root() {
+    rm -rf "$root"
+    mmdebstrap --mode=root --variant=extract --architectures=arm64 --include="$debs" \
+      "$suite" "$root" "$mirror" > "$cache/mmdebstrap.log" 2>&1 || {
+      tail -n 30 "$cache/mmdebstrap.log" >&2
+      return 1
+    }
   }
+  fetch "mmdebstrap from $mirror" make_root
   # What the unrun package scripts would have made and the job needs.
   ln -sf dash "$root/bin/sh"
   mkdir -p "$root/proc" "$root/dev" "$root/tmp" "$root/root"
@@ -125,7 +165,8 @@ if [[ ! -f $root/.fastattn-recipe || $(cat "$root/.fastattn-recipe") != "$recipe
   pyver=$(cd "$root/usr/include" && ls -d python3.* | head -n 1)
   pytag=${pyver#python}
   echo "+ pip install --platform manylinux_2_28_aarch64 --python-version $pytag ${wheels[*]}"
-  python3 -m pip install -q --disable-pip-version-check --only-binary=:all: \
+  fetch "pip install of the aarch64 wheels" python3 -m pip install -q \
+    --disable-pip-version-check --only-binary=:all: \
     --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 \
     --platform manylinux2014_aarch64 --python-version "$pytag" --implementation cp \
     --target "$root/usr/local/lib/$pyver/dist-packages" "${wheels[@]}" 2> >(grep -v "^WARNING" >&2)
@@ -138,8 +179,8 @@ root_done=$(date +%s)
 if [[ ! -x $cache/host-venv/bin/python ]]; then
   python3 -m venv "$cache/host-venv"
 fi
-"$cache/host-venv/bin/pip" install -q --disable-pip-version-check "pybind11>=2.12" \
-  2> >(grep -v "^WARNING" >&2)
+fetch "pip install pybind11" "$cache/host-venv/bin/pip" install -q \
+  --disable-pip-version-check "pybind11>=2.12" 2> >(grep -v "^WARNING" >&2)
 echo "+ cross-compiling the extension for aarch64 in $build (log: $build/build.log)"
 # A build tree remembers the root's paths: start over when the root moved or was remade.
 if [[ -d $build && $(cat "$build/.arm-root" 2> /dev/null) != "$root $recipe" ]]; then
@@ -179,13 +220,15 @@ trap cleanup EXIT
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --make-rslave "$root/dev"
-# OMP_WAIT_POLICY=passive: OpenMP's idle threads sleep instead of spinning. Spinning is
-# emulated instruction by instruction, and the pytest-xdist workers' thread teams share two
-# cores: tests/sdpa/test_properties.py on neon took 99 s of CPU with the default policy and
-# 56 s passive (one run each, loaded host). Results do not depend on it.
+# FASTATTN_ARM_QEMU: tells tests/sdpa/test_arm.py that it runs under qemu (whose QEMU_CPU
+# picks the CPU model its subprocesses see). OMP_WAIT_POLICY=passive: OpenMP's idle threads
+# sleep instead of spinning. Spinning is emulated instruction by instruction, and the
+# pytest-xdist workers' thread teams share two cores: tests/sdpa/test_properties.py on neon
+# took 99 s of CPU with the default policy and 56 s passive (one run each, loaded host).
+# Results do not depend on it.
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
-    HYPOTHESIS_PROFILE=ci OMP_WAIT_POLICY=passive "$@"
+    HYPOTHESIS_PROFILE=ci OMP_WAIT_POLICY=passive FASTATTN_ARM_QEMU=1 "$@"
 }
 available=$(in_root sh -c "cd $stage && python3 -c \
   'import fastattn; print(*fastattn._core.available_isas())'")
@@ -203,6 +246,9 @@ deselect=(
 )
 args=()
 for d in "${deselect[@]}"; do args+=(--deselect "$d"); done
+# The arguments after "--", quoted for the sh -c below (so that -k "a and b" stays one).
+extra=
+[[ ${#pytest_extra[@]} -gt 0 ]] && extra=$(printf "%q " "${pytest_extra[@]}")
 
 # One pytest run: $1 names it (its results file), the rest is its environment.
 status=0
@@ -214,7 +260,7 @@ run_tests() {
   t0=$(date +%s)
   in_root "$@" sh -c "cd $stage && exec python3 -m pytest -q -p no:cacheprovider \
     -p ci_arm_isa -n $(nproc) --durations=15 --junitxml=results-$name.xml ${existing[*]} \
-    ${args[*]} ${pytest_extra[*]}" || rc=$?
+    ${args[*]} ${extra}" || rc=$?
   t1=$(date +%s)
   counts=$(python3 - "$root$stage/results-$name.xml" <<'PY'
 import sys
@@ -247,7 +293,7 @@ else
   others=${available% *}
   [[ $others == "$available" ]] && others=
   run_tests quick FASTATTN_ARM_OTHER_ISAS="$others" \
-    FASTATTN_ARM_OTHER_ISA_PATHS="${FASTATTN_ARM_OTHER_ISA_PATHS-tests/sdpa}"
+    FASTATTN_ARM_OTHER_ISA_PATHS="${FASTATTN_ARM_OTHER_ISA_PATHS-tests/sdpa neon=tests/lowp/test_storage.py}"
 fi
 end=$(date +%s)
 echo "tools/ci-arm.sh: host tools $((tools_done - start)) s, arm64 root $((root_done - tools_done)) s, cross build $((built - root_done)) s, tests $((end - built)) s"

@@ -12,8 +12,9 @@ other test, which runs under the ISA the run forces. Each test then meets each I
 Quick profile (``FASTATTN_ISA`` unset, one run; ``FASTATTN_ARM_OTHER_ISAS`` names the other
 ISAs and ``FASTATTN_ARM_OTHER_ISA_PATHS`` the test paths where they are kept): every test
 runs under the default ISA, and the ISA-parametrised cases of the other ISAs are kept only
-under those paths. A case is judged by its parametrisation, so a test added later is
-selected by the same rule, whatever its name.
+under those paths (a path written ``ISA=path`` keeps that ISA's cases only: the widening
+``neon`` under the bfloat16 tests, where it differs from ``neon_bf16``). A case is judged by
+its parametrisation, so a test added later is selected by the same rule, whatever its name.
 """
 
 from __future__ import annotations
@@ -35,9 +36,15 @@ def _case_isa(item, isa: str) -> str | None:
     return isa
 
 
-def _under(nodeid: str, paths: list[str]) -> bool:
+def _under(nodeid: str, isa: str | None, paths: list[str]) -> bool:
     path = nodeid.split("::", 1)[0]
-    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+    for entry in paths:
+        only, _, p = entry.rpartition("=")
+        if only and only != isa:
+            continue
+        if path == p or path.startswith(p.rstrip("/") + "/"):
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         keep = [
             item
             for item in items
-            if _case_isa(item, "") not in others or _under(item.nodeid, paths)
+            if (case := _case_isa(item, "")) not in others or _under(item.nodeid, case, paths)
         ]
     if len(keep) < len(items):
         kept = set(map(id, keep))

@@ -82,7 +82,7 @@ def main(argv=None):
     )
     ap.add_argument("--min-fma", type=int, default=8, help="loops with fewer are not shown")
     args = ap.parse_args(argv)
-    arch = "aarch64" if args.isa in ("neon",) or "aarch64" in args.so else "x86_64"
+    arch = "aarch64" if args.isa.startswith("neon") or "aarch64" in args.so else "x86_64"
     objdump = "aarch64-linux-gnu-objdump" if arch == "aarch64" else "objdump"
     text = subprocess.run(
         [objdump, "-d", "-C", "--no-show-raw-insn", args.so],

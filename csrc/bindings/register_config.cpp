@@ -76,13 +76,15 @@ void register_config(py::module_& m) {
         if (gflops < 0)
           throw std::runtime_error(
               "bf16_dot_peak is not available on ISA '" + std::string(active_kernels().name) +
-              "': it measures vdpbf16ps, which only the avx512bf16 ISA (AVX512-BF16) runs; "
-              "bfloat16 is widened to float32 elsewhere (see fma_peak('float32'))");
+              "': it measures the bfloat16 dot-product instruction, which only the avx512bf16 "
+              "(vdpbf16ps) and neon_bf16 (BFDOT) ISAs run; bfloat16 is widened to float32 "
+              "elsewhere (see fma_peak('float32'))");
         return gflops;
       },
       py::arg("num_threads") = 1, py::arg("seconds") = 0.2,
-      "GFLOP/s of vdpbf16ps (2 bfloat16 multiply-adds per float32 lane, 2 flops each) on the "
-      "avx512bf16 ISA; RuntimeError on any other.");
+      "GFLOP/s of the bfloat16 dot product (vdpbf16ps on the avx512bf16 ISA, BFDOT on "
+      "neon_bf16: 2 bfloat16 multiply-adds per float32 lane, 2 flops each); RuntimeError on "
+      "any other ISA.");
   m.def(
       "read_bandwidth",
       [](int64_t nbytes, int num_threads, int repeats) {

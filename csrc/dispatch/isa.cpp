@@ -23,19 +23,17 @@ namespace {
 #define FASTATTN_KERNEL_TABLE(tag) \
   {tag, FASTATTN_NAME_OF(FASTATTN_TABLE_NS), FASTATTN_OPS(FASTATTN_TABLE_ENTRY)}
 
-#if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
-// The avx512 row with its own bfloat16 SDPA and varlen entries (kernels/sdpa_bf16.cpp), which hand
-// every other dtype to the avx512 kernel: FASTATTN_ISA=avx512 is the widening path.
-KernelTable avx512bf16_table() {
-#define FASTATTN_TABLE_NS avx512
-  KernelTable t = FASTATTN_KERNEL_TABLE(Isa::kAvx512Bf16);
-#undef FASTATTN_TABLE_NS
-  t.name = "avx512bf16";
-  t.sdpa_forward_f32 = avx512bf16::sdpa_forward_f32;
-  t.sdpa_varlen_f32 = avx512bf16::sdpa_varlen_f32;
-  return t;
+// A bfloat16 dot-product ISA's row: its widening ISA's row (`wide`) with its own bfloat16 SDPA
+// and varlen entries (kernels/sdpa_bf16.cpp), which hand every other dtype to the widening
+// kernel: FASTATTN_ISA=avx512 (neon) is the widening path on an avx512bf16 (neon_bf16) CPU.
+[[maybe_unused]] KernelTable bf16_dot_table(KernelTable wide, Isa isa, const char* name,
+                                            SdpaFn<float>* sdpa, VarlenFn<float>* varlen) {
+  wide.isa = isa;
+  wide.name = name;
+  wide.sdpa_forward_f32 = sdpa;
+  wide.sdpa_varlen_f32 = varlen;
+  return wide;
 }
-#endif
 
 const KernelTable kTables[] = {
 #define FASTATTN_TABLE_NS scalar
@@ -55,11 +53,20 @@ const KernelTable kTables[] = {
 #undef FASTATTN_TABLE_NS
 #endif
 #if defined(FASTATTN_HAVE_AVX512) && defined(FASTATTN_HAVE_AVX512BF16)
-    avx512bf16_table(),
+#define FASTATTN_TABLE_NS avx512
+    bf16_dot_table(FASTATTN_KERNEL_TABLE(Isa::kAvx512), Isa::kAvx512Bf16, "avx512bf16",
+                   avx512bf16::sdpa_forward_f32, avx512bf16::sdpa_varlen_f32),
+#undef FASTATTN_TABLE_NS
 #endif
 #if defined(FASTATTN_HAVE_NEON)
 #define FASTATTN_TABLE_NS neon
     FASTATTN_KERNEL_TABLE(Isa::kNeon),
+#undef FASTATTN_TABLE_NS
+#endif
+#if defined(FASTATTN_HAVE_NEON) && defined(FASTATTN_HAVE_NEON_BF16)
+#define FASTATTN_TABLE_NS neon
+    bf16_dot_table(FASTATTN_KERNEL_TABLE(Isa::kNeon), Isa::kNeonBf16, "neon_bf16",
+                   neon_bf16::sdpa_forward_f32, neon_bf16::sdpa_varlen_f32),
 #undef FASTATTN_TABLE_NS
 #endif
 };
@@ -84,6 +91,8 @@ constexpr ArmFeature kArmFeatures[] = {
     {"i8mm", 2, 1ul << 13, "hw.optional.arm.FEAT_I8MM"},
     {"bf16", 2, 1ul << 14, "hw.optional.arm.FEAT_BF16"},
 };
+constexpr int kArmBf16 = 6;  // kArmFeatures' bf16 row
+static_assert(kArmFeatures[kArmBf16].word == 2 && kArmFeatures[kArmBf16].bit == 1ul << 14);
 
 bool arm_has(const ArmFeature& f) {
 #if defined(__linux__)
@@ -119,6 +128,8 @@ bool cpu_supports(Isa isa) {
 #if defined(__aarch64__)
     case Isa::kNeon:
       return arm_has(kArmFeatures[0]);
+    case Isa::kNeonBf16:  // BFDOT, BFCVTN
+      return cpu_supports(Isa::kNeon) && arm_has(kArmFeatures[kArmBf16]);
 #endif
     default:
       return false;
@@ -168,6 +179,9 @@ double bf16_dot_peak(int num_threads, double seconds) {
   // Only while avx512bf16 is active, which set_isa/best_index allow only where it runs.
   if (active_kernels().isa == Isa::kAvx512Bf16)
     return avx512bf16::bf16_dot_peak(num_threads, seconds);
+#endif
+#if defined(FASTATTN_HAVE_NEON) && defined(FASTATTN_HAVE_NEON_BF16)
+  if (active_kernels().isa == Isa::kNeonBf16) return neon_bf16::bf16_dot_peak(num_threads, seconds);
 #endif
   (void)num_threads;
   (void)seconds;

@@ -12,7 +12,8 @@ namespace fastattn {
 
 // kAvx512Bf16: the avx512 kernels, bfloat16 SDPA with vdpbf16ps (AVX512-BF16).
 // kNeon: aarch64's Advanced SIMD kernels (FMLA, 32-register tiles).
-enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512, kAvx512Bf16, kNeon };
+// kNeonBf16: the neon kernels, bfloat16 SDPA with BFDOT (Arm FEAT_BF16).
+enum class Isa { kScalar = 0, kBaseline, kAvx2, kAvx512, kAvx512Bf16, kNeon, kNeonBf16 };
 
 // One ISA's kernels: a name_f32 and a name_f64 pointer per entry of FASTATTN_OPS.
 struct KernelTable {
@@ -30,9 +31,10 @@ std::vector<std::string> available_isas();
 // Whether the CPU and OS support AVX512-BF16 (vdpbf16ps), for show_config; the avx512bf16
 // ISA (when compiled in) uses it for bfloat16 SDPA.
 bool cpu_has_avx512_bf16();
-// GFLOP/s of vdpbf16ps chains (bfloat16 SDPA's products) on num_threads threads for about
-// `seconds`, when the active ISA is avx512bf16; -1 on any other ISA (no such instruction:
-// bfloat16 is widened to float32 there, whose peak is fma_peak's).
+// GFLOP/s of the bfloat16 dot-product instruction's chains (bfloat16 SDPA's products:
+// vdpbf16ps, BFDOT) on num_threads threads for about `seconds`, when the active ISA is
+// avx512bf16 or neon_bf16; -1 on any other ISA (no such instruction: bfloat16 is widened to
+// float32 there, whose peak is fma_peak's).
 double bf16_dot_peak(int num_threads, double seconds);
 // The Arm architecture features this CPU (and OS) reports that matter to attention kernels
 // (asimd, fp16, bf16, i8mm, dotprod, sve, sve2), by their Linux hwcap names, for show_config

@@ -88,5 +88,13 @@ VarlenFn<float> sdpa_varlen_f32;
 // GFLOP/s of vdpbf16ps (kernels/machine_limits_bf16.cpp); dispatch/isa.h's bf16_dot_peak.
 double bf16_dot_peak(int num_threads, double seconds);
 }  // namespace avx512bf16
+// neon_bf16 (kernels/sdpa_bf16.cpp on aarch64): the neon table with its own bfloat16
+// SDPA/varlen (BFDOT, FEAT_BF16).
+namespace neon_bf16 {
+SdpaFn<float> sdpa_forward_f32;
+VarlenFn<float> sdpa_varlen_f32;
+// GFLOP/s of BFDOT (kernels/machine_limits_bf16.cpp); dispatch/isa.h's bf16_dot_peak.
+double bf16_dot_peak(int num_threads, double seconds);
+}  // namespace neon_bf16
 
 }  // namespace fastattn

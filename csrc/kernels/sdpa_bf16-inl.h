@@ -1,15 +1,19 @@
 // The bfloat16 dot-product products of the tiled SDPA engine (sdpa-inl.h): Q K^T and P V
-// on bfloat16 operands with float32 accumulation (vdpbf16ps, AVX512-BF16), the softmax
-// itself in float32. Only the avx512bf16 TU (kernels/sdpa_bf16.cpp, which defines
-// FASTATTN_DPBF16) defines them and turns kDotBf16 on; every other ISA widens bfloat16
-// to float32 and sees declarations only (never instantiated there).
+// on bfloat16 operands with float32 accumulation, the softmax itself in float32: vdpbf16ps
+// (AVX512-BF16) in the avx512bf16 TU, BFDOT (Arm FEAT_BF16) in the neon_bf16 one. Only those
+// TUs (kernels/sdpa_bf16.cpp, which defines FASTATTN_DPBF16) define them and turn kDotBf16
+// on; every other ISA widens bfloat16 to float32 and sees declarations only (never
+// instantiated there).
 //
-// vdpbf16ps multiplies pairs of bfloat16 and adds both products to a float32 lane, so the
-// operands are packed in pairs along the summed axis: Q and K^T along head_dim (one
+// Both instructions multiply pairs of bfloat16 and add both products to a float32 lane, so
+// the operands are packed in pairs along the summed axis: Q and K^T along head_dim (one
 // 32-bit word = elements e, e + 1), V and P along the keys (keys j, j + 1; j even).
 // Odd lengths pad the pair with a zero. P is rounded to bfloat16 (nearest even) for P V,
 // as FlashAttention does, as the exp pass writes it; the row sum l stays the float32 sum
-// of the unrounded P.
+// of the unrounded P. The two differ in rounding only (both flush denormals): vdpbf16ps
+// adds the two products to the lane one after the other, rounding to nearest even; BFDOT
+// sums the two products, then adds the sum to the lane, rounding each step to odd. Each is
+// a float32 accumulation, held to the same accuracy rule (docs/semantics.md).
 #pragma once  // per translation unit
 
 #include <cstdint>
@@ -73,6 +77,169 @@ inline void pack_queries_bf16(const RowRefT* rows, int64_t nrows, int64_t tile_r
   }
   std::memset(q + nrows * E2, 0, size_t((tile_rows - nrows) * E2) * sizeof(uint32_t));
 }
+
+#if defined(FASTATTN_NEON)
+// BFDOT (vbfdotq_laneq_f32): four float32 lanes, each plus the pair product of its pair word
+// of a panel vector with one pair word of a row (a lane of a 4-word vector), broadcast. A
+// column tile is kColTile = 8 keys (value columns): two vectors.
+static_assert(kColTile<float> == 8 && kLanes<float> == 4, "a column tile is two 4-word vectors");
+
+inline uint32x4_t load_words(const void* p) {  // 4 words at any 2-byte alignment
+  return vreinterpretq_u32_u8(vld1q_u8(static_cast<const uint8_t*>(p)));
+}
+
+// acc[r][u] += rows[r] . panel over `steps` pair words: row r's words at a + r * a_ld,
+// the panel's kColTile words per step (vector u: words 4u..4u+3). The rows' words are read
+// four at a time and taken by lane, so the 8 rows' 4-word vectors, the 16 accumulators and
+// the two panel vectors fit the 32 registers.
+inline void bfdot_tile(const uint32_t* a, int64_t a_ld, int64_t steps, const uint32_t* panel,
+                       float32x4_t (&acc)[kRowTile][2]) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  int64_t t = 0;
+  for (; t + 4 <= steps; t += 4) {
+    uint32x4_t w[RT];
+    for (int rr = 0; rr < RT; ++rr) w[rr] = vld1q_u32(a + rr * a_ld + t);
+#define FASTATTN_BFDOT_LANE(l)                                                           \
+  {                                                                                      \
+    const bfloat16x8_t k0 = vreinterpretq_bf16_u32(vld1q_u32(panel + (t + l) * CT));     \
+    const bfloat16x8_t k1 = vreinterpretq_bf16_u32(vld1q_u32(panel + (t + l) * CT + 4)); \
+    for (int rr = 0; rr < RT; ++rr) {                                                    \
+      const bfloat16x8_t x = vreinterpretq_bf16_u32(w[rr]);                              \
+      acc[rr][0] = vbfdotq_laneq_f32(acc[rr][0], k0, x, l);                              \
+      acc[rr][1] = vbfdotq_laneq_f32(acc[rr][1], k1, x, l);                              \
+    }                                                                                    \
+  }
+    FASTATTN_BFDOT_LANE(0)
+    FASTATTN_BFDOT_LANE(1)
+    FASTATTN_BFDOT_LANE(2)
+    FASTATTN_BFDOT_LANE(3)
+#undef FASTATTN_BFDOT_LANE
+  }
+  for (; t < steps; ++t) {
+    const bfloat16x8_t k0 = vreinterpretq_bf16_u32(vld1q_u32(panel + t * CT));
+    const bfloat16x8_t k1 = vreinterpretq_bf16_u32(vld1q_u32(panel + t * CT + 4));
+    for (int rr = 0; rr < RT; ++rr) {
+      const bfloat16x8_t x = vreinterpretq_bf16_u32(vld1q_dup_u32(a + rr * a_ld + t));
+      acc[rr][0] = vbfdotq_laneq_f32(acc[rr][0], k0, x, 0);
+      acc[rr][1] = vbfdotq_laneq_f32(acc[rr][1], k1, x, 0);
+    }
+  }
+}
+
+// A 4 x 4 transpose of words: out[w] = {r0[w], r1[w], r2[w], r3[w]}.
+inline void transpose_words(uint32x4_t (&r)[4]) {
+  const uint32x4x2_t p0 = vtrnq_u32(r[0], r[1]), p1 = vtrnq_u32(r[2], r[3]);
+  r[0] = vcombine_u32(vget_low_u32(p0.val[0]), vget_low_u32(p1.val[0]));
+  r[1] = vcombine_u32(vget_low_u32(p0.val[1]), vget_low_u32(p1.val[1]));
+  r[2] = vcombine_u32(vget_high_u32(p0.val[0]), vget_high_u32(p1.val[0]));
+  r[3] = vcombine_u32(vget_high_u32(p0.val[1]), vget_high_u32(p1.val[1]));
+}
+
+inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int64_t ncols,
+                           int64_t head_dim, uint32_t* kt) {
+  constexpr int CT = kColTile<float>;
+  const int64_t E2 = (head_dim + 1) / 2, whole = head_dim / 2;
+  for (int64_t j0 = 0; j0 < ncols; j0 += CT) {
+    uint32_t* dst = kt + (j0 / CT) * E2 * CT;
+    int64_t ep0 = 0;
+    if (j0 + CT <= n)  // whole tiles: 4 keys x 4 pair words at a time, transposed
+      for (; ep0 + 4 <= whole; ep0 += 4)
+        for (int half = 0; half < 2; ++half) {
+          uint32x4_t r[4];
+          for (int i = 0; i < 4; ++i)
+            r[i] = load_words(k + (j0 + 4 * half + i) * row_stride + 2 * ep0);
+          transpose_words(r);
+          for (int w = 0; w < 4; ++w) vst1q_u32(dst + (ep0 + w) * CT + 4 * half, r[w]);
+        }
+    for (int64_t j = 0; j < CT; ++j) {  // the rest one word at a time; keys past n zero
+      if (j0 + j < n) {
+        const BFloat16* kr = k + (j0 + j) * row_stride;
+        for (int64_t ep = ep0; ep < E2; ++ep) dst[ep * CT + j] = bf16_pair(kr, 2 * ep, head_dim);
+      } else {
+        for (int64_t ep = ep0; ep < E2; ++ep) dst[ep * CT + j] = 0;
+      }
+    }
+  }
+}
+
+inline bool pack_values_bf16(const BFloat16* v, int64_t row_stride, int64_t n, int64_t head_dim_v,
+                             int64_t panel_rows, uint32_t* vp) {
+  constexpr int CT = kColTile<float>;  // 8 columns: one vector of bfloat16 per key row
+  const uint16x8_t exp_bits = vdupq_n_u16(0x7f80);
+  uint16x8_t bad = vdupq_n_u16(0);  // a lane that held an inf or NaN (exponent all ones)
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t c = 0; c < head_dim_v; c += CT) {
+    const int64_t w = imin(CT, head_dim_v - c);
+    uint32_t* dst = vp + (c / CT) * (panel_rows / 2) * CT;
+    auto row = [&](int64_t j) {  // key j's columns [c, c + w), zero past w
+      if (w == CT) return vld1q_u16(reinterpret_cast<const uint16_t*>(v + j * row_stride + c));
+      uint16_t x[CT] = {};
+      std::memcpy(x, v + j * row_stride + c, size_t(w) * sizeof(uint16_t));
+      return vld1q_u16(x);
+    };
+    for (int64_t jp = 0; jp < pairs; ++jp) {
+      const int64_t j = 2 * jp;
+      const uint16x8_t a = row(j), b = j + 1 < n ? row(j + 1) : vdupq_n_u16(0);
+      bad = vorrq_u16(bad, vceqq_u16(vandq_u16(a, exp_bits), exp_bits));
+      bad = vorrq_u16(bad, vceqq_u16(vandq_u16(b, exp_bits), exp_bits));
+      // Word i: column i of key j in the low 16 bits, of key j + 1 in the high ones.
+      vst1q_u16(reinterpret_cast<uint16_t*>(dst + jp * CT), vzip1q_u16(a, b));
+      vst1q_u16(reinterpret_cast<uint16_t*>(dst + jp * CT + CT / 2), vzip2q_u16(a, b));
+    }
+  }
+  return vmaxvq_u16(bad) == 0;
+}
+
+inline void scores_tile_bf16(const uint32_t* q, int64_t head_dim, const uint32_t* kt, float scale,
+                             float* s, int64_t s_ld, int64_t nrows, int64_t ncols, float* rmax) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  const int64_t E2 = (head_dim + 1) / 2;
+  const float32x4_t sc = vdupq_n_f32(scale);
+  for (int64_t r = 0; r < nrows; r += RT) {
+    Vec<float> vm[RT];
+    for (int rr = 0; rr < RT; ++rr) vm[rr] = Vec<float>{} - __builtin_inff();
+    for (int64_t c = 0; c < ncols; c += CT) {
+      float32x4_t acc[RT][2];
+      for (int rr = 0; rr < RT; ++rr) acc[rr][0] = acc[rr][1] = vdupq_n_f32(0);
+      bfdot_tile(q + r * E2, E2, E2, kt + (c / CT) * E2 * CT, acc);
+      for (int rr = 0; rr < RT; ++rr)
+        for (int u = 0; u < 2; ++u) {
+          const Vec<float> x = Vec<float>(vmulq_f32(acc[rr][u], sc));
+          vstore(s + (r + rr) * s_ld + c + 4 * u, x);
+          // vm = x > vm ? x : vm (a NaN x leaves vm), as the softmax's max pass compares.
+          vm[rr] = x > vm[rr] ? x : vm[rr];
+        }
+    }
+    if (rmax)
+      for (int rr = 0; rr < RT; ++rr) {
+        const float m = reduce_max<float>(vm[rr]);
+        rmax[r + rr] = m > rmax[r + rr] ? m : rmax[r + rr];
+      }
+  }
+}
+
+template <typename V>
+inline void store_bf16(uint16_t* dst, V x) {
+  static_assert(sizeof(V) == 16, "one vector of float32 lanes");
+  // BFCVTN: nearest even (the FPCR's rounding mode, which nothing here changes).
+  vst1_u16(dst, vreinterpret_u16_bf16(vcvt_bf16_f32(float32x4_t(x))));
+}
+
+inline void pv_tile_bf16(const uint32_t* pb, int64_t pb_ld, int64_t n, const uint32_t* vp,
+                         int64_t panel_pairs, int64_t dv_pad, float* acc, int64_t acc_ld) {
+  constexpr int RT = kRowTile, CT = kColTile<float>;
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t c = 0; c < dv_pad; c += CT) {
+    float32x4_t a[RT][2];
+    for (int rr = 0; rr < RT; ++rr)
+      for (int u = 0; u < 2; ++u) a[rr][u] = vld1q_f32(acc + rr * acc_ld + c + 4 * u);
+    bfdot_tile(pb, pb_ld, pairs, vp + (c / CT) * panel_pairs * CT, a);
+    for (int rr = 0; rr < RT; ++rr)
+      for (int u = 0; u < 2; ++u) vst1q_f32(acc + rr * acc_ld + c + 4 * u, a[rr][u]);
+  }
+}
+
+#else  // FASTATTN_NEON: AVX512-BF16
 
 inline void pack_keys_bf16(const BFloat16* k, int64_t row_stride, int64_t n, int64_t ncols,
                            int64_t head_dim, uint32_t* kt) {
@@ -251,6 +418,7 @@ inline void pv_tile_bf16(const uint32_t* pb, int64_t pb_ld, int64_t n, const uin
                          acc_ld);
 }
 
+#endif  // FASTATTN_NEON
 #endif  // FASTATTN_DPBF16
 
 }  // namespace FASTATTN_ISA_NS

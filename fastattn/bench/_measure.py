@@ -202,8 +202,8 @@ def machine_limits(
     the fused multiply-add peak of the active ISA per dtype (GFLOP/s; the best of
     ``fma_rounds`` probes, as other work on the machine and the clock ramping up only ever
     lower a probe) and the memory read bandwidth (GB/s); with ``bf16_dot`` (bfloat16 rows
-    to run) also the vdpbf16ps peak, where the active ISA has it (avx512bf16). A probe this
-    build (or ISA) lacks gives None: the report then says so."""
+    to run) also the bfloat16 dot peak, where the active ISA has it (avx512bf16, neon_bf16).
+    A probe this build (or ISA) lacks gives None: the report then says so."""
     from fastattn import _core
 
     limits = {
@@ -227,7 +227,7 @@ def machine_limits(
             limits["bf16_dot_peak_gflops"] = max(
                 float(_core.bf16_dot_peak(threads, fma_seconds)) for _ in range(fma_rounds)
             )
-        except RuntimeError:  # not the avx512bf16 ISA: bfloat16 is widened to float32
+        except RuntimeError:  # not a bfloat16 dot-product ISA: bfloat16 is widened to float32
             pass
     if hasattr(_core, "read_bandwidth"):
         limits["read_bandwidth_gbs"] = float(

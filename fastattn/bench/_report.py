@@ -277,13 +277,13 @@ def _bf16_peak_lines(doc: dict, lim: dict) -> list[str]:
     if dot:
         return [
             f"- bfloat16 dot peak, same run: **{dot:.1f} GFLOP/s** "
-            f"(`fastattn._core.bf16_dot_peak`: vdpbf16ps chains, 2 bfloat16 multiply-adds "
+            f"(`fastattn._core.bf16_dot_peak`: vdpbf16ps or BFDOT chains, 2 bfloat16 multiply-adds "
             f"per float32 lane, {_threads(lim)}, the best of {lim.get('fma_rounds', 1)} "
             f"probes of {lim['fma_seconds']:g} s): bfloat16 rows' *% peak* divides by it."
         ]
     return [
         f"- bfloat16 rows' *% peak* is against the float32 FMA peak: the {lim.get('isa')} "
-        "ISA has no vdpbf16ps and widens bfloat16 to float32 "
+        "ISA has no bfloat16 dot product and widens bfloat16 to float32 "
         "(`fastattn._core.bf16_dot_peak` is not available there)."
     ]
 
@@ -323,8 +323,8 @@ METHOD = """\
   masked softmax (nominal counts: compare the speed-ups there). *% peak* divides it, on the
   compute-bound rows (attention with more than one query row), by the FMA peak of the row's
   dtype measured at the start of this run with the same threads (see above): the machine's
-  ceiling (bfloat16 rows: the vdpbf16ps peak on avx512bf16, else float32's). *% matmul*
-  divides it by the float32 matrix-multiply rate of NumPy's `a @ b`
+  ceiling (bfloat16 rows: the bfloat16 dot peak on avx512bf16 and neon_bf16, else
+  float32's). *% matmul* divides it by the float32 matrix-multiply rate of NumPy's `a @ b`
   ({mm_n}x{mm_n}) measured the same way: a second yardstick, the BLAS a NumPy user has.
 - **Bandwidth.** On the memory-bound rows (decode, masked softmax) *GB/s* counts the bytes a
   call must move at least (every input read and the output written once: Q, K, V and the

@@ -194,7 +194,7 @@ def limits_line(limits: dict) -> str:
         "FMA peak not measured (this build has no fma_peak probe)"
     ]
     if limits.get("bf16_dot_peak_gflops"):
-        parts.append(f"bfloat16 vdpbf16ps peak {limits['bf16_dot_peak_gflops']:.1f} GFLOP/s")
+        parts.append(f"bfloat16 dot peak {limits['bf16_dot_peak_gflops']:.1f} GFLOP/s")
     parts.append(
         f"read bandwidth {bw:.1f} GB/s"
         if bw is not None
@@ -205,8 +205,9 @@ def limits_line(limits: dict) -> str:
 
 def row_peak(limits: dict, dtype: str) -> float | None:
     """The GFLOP/s a compute-bound row's *% peak* divides by: a bfloat16 row's is the
-    vdpbf16ps peak where the avx512bf16 ISA runs its products with it; every other row's
-    (bfloat16 widened elsewhere included) is its compute dtype's FMA peak."""
+    bfloat16 dot peak where the avx512bf16 (neon_bf16) ISA runs its products with vdpbf16ps
+    (BFDOT); every other row's (bfloat16 widened elsewhere included) is its compute dtype's
+    FMA peak."""
     if dtype == "bfloat16" and limits.get("bf16_dot_peak_gflops"):
         return limits["bf16_dot_peak_gflops"]
     return (limits["fma_peak_gflops"] or {}).get(compute_dtype(dtype))

@@ -15,6 +15,13 @@ from hypothesis import strategies as st
 
 import fastattn
 
+# The bfloat16 dot-product ISAs (bfloat16 SDPA's Q K^T and P V on bfloat16 operands:
+# vdpbf16ps on x86-64, BFDOT on aarch64), each with the widening ISA it otherwise is.
+BF16_DOT_ISAS = {"avx512bf16": "avx512", "neon_bf16": "neon"}
+# This machine's (None: it has neither) and its widening twin.
+DOT_ISA = next((i for i in BF16_DOT_ISAS if i in fastattn._core.available_isas()), None)
+WIDE_ISA = BF16_DOT_ISAS.get(DOT_ISA)
+
 
 def bf16():
     """ml_dtypes.bfloat16 (the caller has importorskip'ed ml_dtypes)."""

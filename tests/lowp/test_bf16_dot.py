@@ -1,7 +1,8 @@
-"""The bfloat16 dot-product kernel (ISA avx512bf16: Q K^T and P V with vdpbf16ps, P rounded
-to bfloat16, the softmax in float32). It runs only where the CPU has AVX512-BF16; the
-tests below are parametrised over every ISA the machine has (the ``isa`` fixture), so they
-hold the widening kernels to the same rules, and the ones about avx512bf16 itself say so.
+"""The bfloat16 dot-product kernel (ISA avx512bf16: Q K^T and P V with vdpbf16ps; ISA
+neon_bf16: with BFDOT; P rounded to bfloat16, the softmax in float32). It runs only where the
+CPU has AVX512-BF16 (Arm: FEAT_BF16); the tests below are parametrised over every ISA the
+machine has (the ``isa`` fixture), so they hold the widening kernels to the same rules, and
+the ones about the dot-product ISA itself say so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import fastattn
 
 from helpers.attention_checks import assert_same_bits
 from helpers.lowp_checks import (
+    DOT_ISA,
+    WIDE_ISA,
     assert_bf16_rule,
     attention_calls,
     bf16,
@@ -24,8 +27,6 @@ from helpers.lowp_checks import (
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 sdpa = fastattn.scaled_dot_product_attention
-DOT = "avx512bf16"
-HAS_DOT = DOT in fastattn._core.available_isas()
 
 
 @st.composite
@@ -109,17 +110,18 @@ def test_non_finite_values_of_unseen_keys_stay_out(isa):
     assert_bf16_rule(got, q, k, v, {"attn_mask": mask})
 
 
-@pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")
+@pytest.mark.skipif(DOT_ISA is None, reason="this CPU has no bfloat16 dot product ISA")
 def test_dot_isa_changes_only_bfloat16():
-    """avx512bf16 is avx512 but for bfloat16 SDPA: float32/float16/float64 give the
-    avx512 bits, and bfloat16 gives different ones (the dot-product kernel is in use)."""
+    """avx512bf16 (neon_bf16) is avx512 (neon) but for bfloat16 SDPA: float32/float16/float64
+    give the widening ISA's bits, and bfloat16 gives different ones (the dot-product kernel
+    is in use)."""
     rng = np.random.default_rng(23)
     shapes = ((1, 4, 200, 64), (1, 4, 300, 64), (1, 4, 300, 64))
     arrays = [rng.standard_normal(s) for s in shapes]
     previous = fastattn._core.active_isa()
     try:
         results = {}
-        for name in ("avx512", DOT):
+        for name in (WIDE_ISA, DOT_ISA):
             fastattn._core.set_isa(name)
             results[name] = [
                 sdpa(*(a.astype(dt) for a in arrays), is_causal=True)
@@ -127,20 +129,23 @@ def test_dot_isa_changes_only_bfloat16():
             ]
     finally:
         fastattn._core.set_isa(previous)
-    for a, b in zip(results["avx512"][:3], results[DOT][:3]):
+    wide, dot = results[WIDE_ISA], results[DOT_ISA]
+    for a, b in zip(wide[:3], dot[:3]):
         assert_same_bits(a, b)
-    assert not np.array_equal(results["avx512"][3].view(np.uint16), results[DOT][3].view(np.uint16))
-    assert_bf16_rule(results[DOT][3], *arrays, {"is_causal": True})
+    assert not np.array_equal(wide[3].view(np.uint16), dot[3].view(np.uint16))
+    assert_bf16_rule(dot[3], *arrays, {"is_causal": True})
 
 
-@pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")
+@pytest.mark.skipif(DOT_ISA is None, reason="this CPU has no bfloat16 dot product ISA")
 def test_show_config_says_the_dot_kernel_is_used():
+    # x86-64 says it on its AVX512-BF16 line, aarch64 on its Arm features line.
+    key = "avx512_bf16" if DOT_ISA == "avx512bf16" else "arm_features"
     previous = fastattn._core.active_isa()
     try:
-        fastattn._core.set_isa(DOT)
-        assert "used" in fastattn._config.config()["avx512_bf16"]
-        assert "not used" not in fastattn._config.config()["avx512_bf16"]
-        fastattn._core.set_isa("avx512")
-        assert "not used" in fastattn._config.config()["avx512_bf16"]
+        fastattn._core.set_isa(DOT_ISA)
+        assert "used" in fastattn._config.config()[key]
+        assert "not used" not in fastattn._config.config()[key]
+        fastattn._core.set_isa(WIDE_ISA)
+        assert "not used" in fastattn._config.config()[key]
     finally:
         fastattn._core.set_isa(previous)

@@ -1,9 +1,9 @@
-"""The vdpbf16ps peak probe (``fastattn._core.bf16_dot_peak``): a positive GFLOP/s figure on
-the avx512bf16 ISA only, a RuntimeError saying it is not available on every other ISA the
-machine has (the ``isa`` fixture); show_config says which; fastattn-bench's *% peak* of a
-compute-bound bfloat16 row divides by it where it was measured, by the float32 FMA peak
-where bfloat16 is widened. Only positivity and finiteness of the measurement are asserted
-(timings are not compared)."""
+"""The bfloat16 dot-product peak probe (``fastattn._core.bf16_dot_peak``: vdpbf16ps, BFDOT): a
+positive GFLOP/s figure on the avx512bf16 and neon_bf16 ISAs only, a RuntimeError saying it is not
+available on every other ISA the machine has (the ``isa`` fixture); show_config says which;
+fastattn-bench's *% peak* of a compute-bound bfloat16 row divides by it where it was measured, by
+the float32 FMA peak where bfloat16 is widened. Only positivity and finiteness of the measurement
+are asserted (timings are not compared)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 import fastattn
 from fastattn import _core
 
-DOT = "avx512bf16"
+from helpers.lowp_checks import BF16_DOT_ISAS
 
 
-def test_probe_exists_only_where_vdpbf16ps_runs(isa):
-    if isa == DOT:
+def test_probe_exists_only_where_the_dot_product_runs(isa):
+    if isa in BF16_DOT_ISAS:
         gflops = _core.bf16_dot_peak(1, 0.02)
         # A real measurement: positive and finite, below 100 TFLOP/s for one thread.
         assert isinstance(gflops, float) and math.isfinite(gflops) and 0 < gflops < 1e5

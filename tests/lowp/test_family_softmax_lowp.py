@@ -3,7 +3,7 @@ every ISA the machine has (the ``isa`` fixture):
 
 * dot/scaled_dot with the softmax is scaled_dot_product_attention on the same arrays, bit
   for bit (float16: the float32 arithmetic, so also the float32 call rounded; bfloat16: the
-  SDPA bfloat16 rule, vdpbf16ps on avx512bf16);
+  SDPA bfloat16 rule, vdpbf16ps on avx512bf16, BFDOT on neon_bf16);
 * gaussian reads float16 (and bfloat16 under hardmax/top-k) as stored, widened exactly: the
   float32 call rounded; a bfloat16 gaussian softmax keeps its float32 copy, with the same
   result;

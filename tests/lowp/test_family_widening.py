@@ -16,6 +16,7 @@ import fastattn
 
 from helpers.attention_checks import assert_same_bits
 from helpers.lowp_checks import (
+    BF16_DOT_ISAS,
     assert_peak_below_f32_query,
     lowp_dtype,
     peak_traced_bytes,
@@ -287,10 +288,10 @@ def test_select_widened_equals_float32_call_rounded(
         kw["is_causal"] = kw32["is_causal"] = True
     elif masks == "window":
         kw["window"] = kw32["window"] = (3, 0)
-    if normalize == "topk" and top_k >= lk and name == "bfloat16" and isa == "avx512bf16":
-        # Top-k keeping every key is the softmax, and on avx512bf16 a bfloat16 softmax is
-        # the dot-product SDPA kernel (P rounded to bfloat16: test_family_softmax_lowp.py),
-        # not the float32 arithmetic: held to the softmax call's bits instead.
+    if normalize == "topk" and top_k >= lk and name == "bfloat16" and isa in BF16_DOT_ISAS:
+        # Top-k keeping every key is the softmax, and on avx512bf16 (neon_bf16) a bfloat16 softmax
+        # is the dot-product SDPA kernel (P rounded to bfloat16: test_family_softmax_lowp.py), not
+        # the float32 arithmetic: held to the softmax call's bits instead.
         soft = {opt: value for opt, value in kw.items() if opt != "top_k"}
         want = fastattn.attention(q, k, v, **{**soft, "normalize": "softmax"})
     else:

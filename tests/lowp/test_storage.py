@@ -2,11 +2,11 @@
 widened block by block inside the kernel (float32 compute), the output rounded to the
 storage type as it is stored (round to nearest even).
 
-On an ISA that widens (every ISA but the bfloat16 dot-product one, avx512bf16, and float16
-on every ISA) the arithmetic is the float32 kernel's on the widened values, so the result
-must be bit-identical to the float32 call on the same values, rounded: that is asserted
-exactly. The bfloat16 accuracy rule (helpers.lowp_checks) is asserted on every ISA; the
-dot-product kernel's own tests are in test_bf16_dot.py.
+On an ISA that widens (every ISA but the bfloat16 dot-product ones, avx512bf16 and neon_bf16, and
+float16 on every ISA) the arithmetic is the float32 kernel's on the widened values, so the result
+must be bit-identical to the float32 call on the same values, rounded: that is asserted exactly. The
+bfloat16 accuracy rule (helpers.lowp_checks) is asserted on every ISA; the dot-product kernel's own
+tests are in test_bf16_dot.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import fastattn
 
 from helpers.attention_checks import assert_same_bits
 from helpers.lowp_checks import (
+    BF16_DOT_ISAS,
     assert_bf16_rule,
     attention_calls,
     bf16,
@@ -47,8 +48,8 @@ def test_widened_in_kernel_equals_float32_call_rounded(isa, name, call):
     want, lse32, w32 = sdpa(
         *cast((q16, k16, v16), np.float32), **kwargs, return_lse=True, return_weights=True
     )
-    if name == "bfloat16" and isa == "avx512bf16":
-        # Its tiled kernel rounds P to bfloat16 and sums in vdpbf16ps's order (not the
+    if name == "bfloat16" and isa in BF16_DOT_ISAS:
+        # Its tiled kernel rounds P to bfloat16 and sums in vdpbf16ps's (BFDOT's) order (not the
         # float32 kernel's): held to the accuracy rule instead (test_bf16_dot.py). Its two
         # entries (with extras, and the plain fast path) still agree bit for bit.
         assert_same_bits(sdpa(q16, k16, v16, **kwargs), got)
@@ -91,7 +92,7 @@ def test_output_rounding_edges_equal_float32_call_rounded(isa, name, dv):
     v = np.concatenate([lo, hi], axis=2)
     got = sdpa(q, k, v, out=poisoned((1, 2, 3, dv), dtype))
     want = sdpa(*cast((q, k, v), np.float32)).astype(dtype)
-    if name == "bfloat16" and isa == "avx512bf16":  # P rounded: not ties (test_bf16_dot.py)
+    if name == "bfloat16" and isa in BF16_DOT_ISAS:  # P rounded: not ties (test_bf16_dot.py)
         assert np.isnan(got[..., 4:6]).all() and np.isinf(got[..., 3]).all()
         return
     assert_same_bits(got, want)

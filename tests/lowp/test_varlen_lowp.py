@@ -1,7 +1,7 @@
 """varlen_attention on float16/bfloat16 read as stored: each sequence bit-identical to
 scaled_dot_product_attention on that sequence alone in the same dtype (so bfloat16 takes
-the vdpbf16ps kernel on avx512bf16, as SDPA does), across thread counts, on every ISA the
-machine has (the ``isa`` fixture); bfloat16 within the accuracy rule of
+the dot-product kernel on avx512bf16 and neon_bf16, as SDPA does), across thread counts,
+on every ISA the machine has (the ``isa`` fixture); bfloat16 within the accuracy rule of
 helpers.lowp_checks, float16 equal to the float32 call on the same values, rounded.
 """
 
@@ -16,6 +16,8 @@ import fastattn
 
 from helpers.attention_checks import assert_same_bits, bits
 from helpers.lowp_checks import (
+    DOT_ISA,
+    WIDE_ISA,
     assert_bf16_rule,
     bf16,
     lowp_dtype,
@@ -25,8 +27,6 @@ from helpers.lowp_checks import (
 ml_dtypes = pytest.importorskip("ml_dtypes")
 varlen = fastattn.varlen_attention
 sdpa = fastattn.scaled_dot_product_attention
-DOT = "avx512bf16"
-HAS_DOT = DOT in fastattn._core.available_isas()
 
 
 @st.composite
@@ -139,25 +139,25 @@ def test_bit_identical_for_any_thread_count(isa):
             assert_same_bits(a, b)
 
 
-@pytest.mark.skipif(not HAS_DOT, reason="this CPU has no AVX512-BF16 (avx512bf16 ISA)")
+@pytest.mark.skipif(DOT_ISA is None, reason="this CPU has no bfloat16 dot product ISA")
 def test_dot_isa_runs_bfloat16_varlen():
-    """On avx512bf16 bfloat16 varlen takes the dot-product kernel (its bits differ from the
-    widening avx512 kernel's, and equal SDPA's on avx512bf16); float16 is unchanged."""
+    """On avx512bf16 (neon_bf16) bfloat16 varlen takes the dot-product kernel (its bits
+    differ from the widening avx512 (neon) kernel's); float16 is unchanged."""
     rng = np.random.default_rng(32)
     cu_q, cu_k = np.array([0, 200, 264], np.int64), np.array([0, 300, 700], np.int64)
     arrays = [rng.standard_normal((n, 4, 64)) for n in (264, 700, 700)]
     previous = fastattn._core.active_isa()
     results = {}
     try:
-        for name in ("avx512", DOT):
+        for name in (WIDE_ISA, DOT_ISA):
             fastattn._core.set_isa(name)
             results[name] = [
                 varlen(*(a.astype(dt) for a in arrays), cu_q, cu_k) for dt in (np.float16, bf16())
             ]
     finally:
         fastattn._core.set_isa(previous)
-    assert_same_bits(results["avx512"][0], results[DOT][0])
-    assert not np.array_equal(bits(results["avx512"][1]), bits(results[DOT][1]))
+    assert_same_bits(results[WIDE_ISA][0], results[DOT_ISA][0])
+    assert not np.array_equal(bits(results[WIDE_ISA][1]), bits(results[DOT_ISA][1]))
 
 
 def test_no_float32_copy_of_the_query():
