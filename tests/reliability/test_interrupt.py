@@ -23,7 +23,9 @@ CHILD = textwrap.dedent(
     import fastattn
     from fastattn import reference
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 8, 8192, 64), dtype=np.float32) for _ in range(3))
+    # 1x8 16384^2 E64: 0.55 TFLOP, over a second at 2 threads even on AVX-512 (an 8192-key
+    # call took 0.4 s there, which a parent that sleeps 0.4 s before its SIGINT could miss)
+    q, k, v = (rng.standard_normal((1, 8, 16384, 64), dtype=np.float32) for _ in range(3))
     calls = {
         "fast": lambda: fastattn.scaled_dot_product_attention(q, k, v),
         "full": lambda: fastattn.scaled_dot_product_attention(q, k, v, return_lse=True),
