@@ -113,7 +113,10 @@ if [[ ! -e /proc/sys/fs/binfmt_misc/register ]]; then
 fi
 need=()
 for pkg in qemu-user-static binfmt-support mmdebstrap g++-aarch64-linux-gnu; do
-  dpkg -s "$pkg" > /dev/null 2>&1 || need+=("$pkg")
+  # installed, not merely known to dpkg (a removed package keeps its config files, and
+  # `dpkg -s` succeeds on it)
+  [[ $(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2> /dev/null) == installed ]] ||
+    need+=("$pkg")
 done
 if [[ ${#need[@]} -gt 0 ]]; then
   echo "+ apt-get install ${need[*]}"
