@@ -18,7 +18,11 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGINT")
 # sends SIGINT and the child prints when KeyboardInterrupt arrived, on the clock both share.
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    # KeyboardInterrupt on SIGINT, as in an interactive Python: a process started with SIGINT
+    # ignored (a background job of a non-interactive shell, as CI may run this suite) would
+    # otherwise pass the ignoring on to this child, and no call could be interrupted
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import numpy as np
     import fastattn
     from fastattn import reference
