@@ -294,7 +294,7 @@ def additive_backward(args, ws, grad_out, inputs, threads: int):
     def grouped(a):
         return a.reshape(lead + (grp * num_q, a.shape[-1]))
 
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         o = grouped(result.astype(dtype, copy=False))
         go = grouped(grad_out.reshape(args.full_out_shape).astype(dtype, copy=False))
         pg = grouped(p)
