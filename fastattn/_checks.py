@@ -41,14 +41,20 @@ def check_real(value: object, name: str, *, positive: bool = False) -> float:
     return x
 
 
+def check_index(value: object, expected: str) -> int:
+    """``value`` as an int (``operator.index``; bools refused), else a ``TypeError`` of
+    ``expected`` (what the argument must be, named) and the value given."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{expected}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{expected}, got {value!r}") from None
+
+
 def check_size(value: object, name: str, *, minimum: int = 1, noun: str = "an int") -> int:
     """An int >= ``minimum`` (bools refused); ``noun`` is how the message names an int."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be {noun} >= {minimum}, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be {noun} >= {minimum}, got {value!r}") from None
+    n = check_index(value, f"{name} must be {noun} >= {minimum}")
     if n < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {n}")
     return n
@@ -74,12 +80,7 @@ def check_window(window: object) -> tuple[int, int]:
         if value is None:
             sides.append(-1)
             continue
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"window {side} must be an int >= 0 or None, got {value!r}")
-        try:
-            n = operator.index(value)
-        except TypeError:
-            raise TypeError(f"window {side} must be an int >= 0 or None, got {value!r}") from None
+        n = check_index(value, f"window {side} must be an int >= 0 or None")
         if n < 0:
             raise ValueError(f"window {side} must be >= 0 or None, got {n}")
         sides.append(min(n, _UNBOUNDED))  # any side >= Lq + Lk is unbounded; keeps int64 safe

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from fastattn._checks import (
     check_alignment,
     check_choice,
     check_flag,
+    check_index,
     check_real,
     check_size,
     check_window,
@@ -799,12 +799,7 @@ def attention_spec(
 def masked_softmax_args(x, valid_lens, mask, axis, out) -> SoftmaxArgs:
     a = float_array(x, "x", min_ndim=1)
     result, compute = result_dtypes(a)
-    if isinstance(axis, (bool, np.bool_)):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    try:
-        ax = operator.index(axis)
-    except TypeError:
-        raise TypeError(f"axis must be an int, got {axis!r}") from None
+    ax = check_index(axis, "axis must be an int")
     if not -a.ndim <= ax < a.ndim:
         raise ValueError(f"axis {axis} is out of bounds for x with {a.ndim} dimensions")
     ax %= a.ndim
