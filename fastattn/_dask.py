@@ -765,9 +765,6 @@ def additive_attention(
     query,
     key,
     value,
-    w_q,
-    w_k,
-    w_v,
     attn_mask=None,
     *,
     valid_lens=None,
@@ -776,12 +773,11 @@ def additive_attention(
     num_threads=None,
     **options,
 ):
-    """The graph of an additive_attention call; ``options`` (is_causal, causal_alignment,
-    window) as the public function takes them."""
-    q, k, v, mask, lens = _attention_standins(
-        query, key, value, attn_mask, valid_lens, out, {"w_q": w_q, "w_k": w_k, "w_v": w_v}
-    )
-    args, _ = additive_args(q, k, v, w_q, w_k, w_v, mask, lens, **options)
+    """The graph of an additive_attention call; ``options`` (w_q, w_k, w_v, is_causal,
+    causal_alignment, window) as the public function takes them."""
+    params = {name: options.pop(name) for name in ("w_q", "w_k", "w_v")}
+    q, k, v, mask, lens = _attention_standins(query, key, value, attn_mask, valid_lens, out, params)
+    args, _ = additive_args(q, k, v, *params.values(), mask, lens, **options)
     return _family_graph(
         "additive",
         _additive_block,
@@ -791,7 +787,7 @@ def additive_attention(
         attn_mask,
         valid_lens,
         args,
-        (w_q, w_k, w_v),
+        tuple(params.values()),
         {},
         return_weights,
         num_threads,

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
 
-def _numpy_only(fn: str, *arrays: object) -> None:
-    kind = _dispatch.backend(*arrays)
+def _numpy_only(fn: str, arguments: dict) -> None:
+    """A ``TypeError`` if any of a call's ``arguments`` (``locals()`` on entry) is a Dask or
+    CuPy array."""
+    kind = _dispatch.backend(*arguments.values())
     if kind is not None:
         raise TypeError(
             f"{fn} takes NumPy arrays only (got a {'Dask' if kind == 'dask' else 'CuPy'} "
@@ -77,7 +79,7 @@ def masked_softmax_backward(
     >>> abs(float(g.sum())) < 1e-15  # the weights sum to 1 whatever x is: so does nothing
     True
     """
-    _numpy_only("masked_softmax_backward", grad, weights, valid_lens, mask)
+    _numpy_only("masked_softmax_backward", locals())
     args, g = softmax_backward_args(grad, weights, valid_lens, mask, axis)
     return _cpu.masked_softmax_backward(args, g, _threads.resolve(num_threads))
 
@@ -153,18 +155,7 @@ def additive_attention_backward(
     >>> all(np.allclose(a, b) for a, b in zip(grads, ref))
     True
     """
-    _numpy_only(
-        "additive_attention_backward",
-        grad_out,
-        query,
-        key,
-        value,
-        w_q,
-        w_k,
-        w_v,
-        attn_mask,
-        valid_lens,
-    )
+    _numpy_only("additive_attention_backward", locals())
     args, ws = additive_args(
         query, key, value, w_q, w_k, w_v, attn_mask, valid_lens, is_causal, causal_alignment, window
     )
@@ -241,7 +232,7 @@ def nadaraya_watson_backward(
     >>> bool(np.allclose(gq, ref[0]) and np.isclose(gh, ref[3]))
     True
     """
-    _numpy_only("nadaraya_watson_backward", grad_out, x_query, x_keys, y_values)
+    _numpy_only("nadaraya_watson_backward", locals())
     ra = regression_args(x_query, x_keys, y_values, kernel, bandwidth)
     go = grad_out_array(grad_out, ra.out_shape)
     return _cpu.nadaraya_watson_backward(

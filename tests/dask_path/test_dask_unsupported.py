@@ -45,3 +45,19 @@ def test_int8_kv_refused():
         fastattn.scaled_dot_product_attention(
             q, k.astype(np.int8), v.astype(np.int8), key_scale=scale, value_scale=scale
         )
+
+
+@pytest.mark.parametrize("position", range(7))
+def test_family_backward_refuses_dask_in_any_array_argument(position):
+    """The family's backwards take NumPy arrays only: a Dask array in any array argument
+    (the forward's inputs, the weights, the mask) is a TypeError, not a silent compute."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((5, 4)) for _ in range(3))
+    w_q, w_k, w_v = rng.standard_normal((4, 6)), rng.standard_normal((4, 6)), np.ones(6)
+    call = [np.ones((5, 4)), q, k, v, w_q, w_k, w_v]
+    call[position] = da.from_array(call[position])
+    with pytest.raises(TypeError, match="additive_attention_backward takes NumPy arrays only"):
+        fastattn.additive_attention_backward(*call)
+    mask = da.from_array(np.ones((5, 5), bool))
+    with pytest.raises(TypeError, match="additive_attention_backward takes NumPy arrays only"):
+        fastattn.additive_attention_backward(np.ones((5, 4)), q, k, v, w_q, w_k, w_v, mask)
