@@ -40,9 +40,11 @@ namespace fastattn {
 namespace FASTATTN_ISA_NS {
 namespace grad {
 
-// Query rows per block (all heads of a GQA group together) and keys per block.
+// Query rows per block (all heads of a GQA group together) and keys per block. 256 keys
+// rather than 128 halve the per-pair work that scales with the rows (their q, dO, lse and
+// delta loaded and packed, dQ in and out, setup_task_rows) against the same products.
 constexpr int64_t kBlockRows = 64;
-constexpr int64_t kBlockKeys = 128;
+constexpr int64_t kBlockKeys = 256;
 // Tasks a call is cut into at least, when its (batch, kv head) pairs are fewer, and the
 // bytes the extra dQ accumulators may take (the chunks of one long head: at Lq = 32768,
 // E = 64, float32, one accumulator is 8 MiB).
@@ -174,12 +176,12 @@ inline int64_t flat_row(const SdpaBackwardParams& bp, int64_t b, int64_t h, int6
   return (b * bp.fwd.num_heads_q + h) * rows + i;
 }
 
-// One pair: the query block (rows sc.rows[0:nrows), their q, dO, lse and delta loaded)
-// against the key block at kb of n keys (packed in sc.kt/kp/vt). Adds into sc.dkb, sc.dvb
-// and sc.dqb (loaded with the rows' dQ so far).
+// One pair: the query block (rows sc.rows[0:nrows), their q rows at q (rows E apart), dO
+// rows at go (Ev apart), lse and delta loaded) against the key block at kb of n keys (packed
+// in sc.kt/kp/vt). Adds into sc.dkb, sc.dvb and the rows' dQ so far at dq (rows ep apart).
 template <typename T, typename S>
 inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, BwdScratch<T, S>& sc,
-                       int64_t nrows, int64_t kb, int64_t n) {
+                       const T* q, const T* go, T* dq, int64_t nrows, int64_t kb, int64_t n) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
   const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, RP = pl.rows_pad;
@@ -191,8 +193,8 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
               T(std::min(1.0 / (capped ? softcap : 1.0), double(std::numeric_limits<T>::max())));
   const T scale = T(p.scale);
 
-  scores_tile(sc.q, E, sc.kt, sc.s, K, R, ncols);
-  scores_tile(sc.go, imax(Ev, 1), sc.vt, sc.dp, K, R, ncols);
+  scores_tile(q, E, sc.kt, sc.s, K, R, ncols);
+  scores_tile(go, imax(Ev, 1), sc.vt, sc.dp, K, R, ncols);
 
   for (int64_t r = 0; r < R; ++r) {
     T* s = sc.s + r * K;
@@ -233,7 +235,7 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
   transpose_scaled(sc.dp, K, R, ncols, scale, sc.dst, RP);
   pv_tile(sc.pt, RP, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols);
   pv_tile(sc.dst, RP, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols);
-  pv_tile(sc.dp, K, ncols, sc.kp, K, pl.ep, sc.dqb, pl.ep, R);
+  pv_tile(sc.dp, K, ncols, sc.kp, K, pl.ep, dq, pl.ep, R);
 }
 
 // Task (unit u = batch entry b, kv head hk; chunk c): every key block of the chunk against
@@ -298,31 +300,48 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
         pack_keys<T, S>(refs.v + kb * p.v.row_stride, p.v.row_stride, n, ncols, imax(Ev, 1), sc.vt);
         packed = true;
       }
-      // The query block: q, dO, lse, delta, dQ so far; padding rows zero.
+      // The query block: q, dO, lse, delta, dQ so far; padding rows zero. A whole block of
+      // one head (rows == R) whose float rows lie packed in the arrays is read in place, and
+      // its dQ accumulated in place (the accumulator's rows of a head are ep apart): no
+      // copies in and out per pair.
       const int64_t R = round_up(nrows, row_align<T>());
+      const bool one_head = pl.group == 1 && nrows == R;
       const S* dout_b = static_cast<const S*>(bp.dout.data) +
                         batch_offset(bp.dout.batch_stride, refs.coord, p.batch_ndim);
+      const S* dout_0 = dout_b + h0 * bp.dout.head_stride + i0 * bp.dout.row_stride;
+      const T* qrows = sc.q;
+      const T* gorows = sc.go;
+      T* dqrows = one_head ? acc + i0 * pl.ep : sc.dqb;
+      if constexpr (std::is_same_v<S, T>) {
+        if (one_head && E > 0 && p.q.row_stride == E) qrows = sc.rows[0].q;
+        if (one_head && Ev > 0 && bp.dout.row_stride == Ev) gorows = dout_0;
+      }
       for (int64_t r = 0; r < nrows; ++r) {
         const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
-        widen_row(sc.rows[r].q, sc.q + r * E, E);
-        widen_row(dout_b + h * bp.dout.head_stride + i * bp.dout.row_stride, sc.go + r * Ev, Ev);
+        if (qrows == sc.q) widen_row(sc.rows[r].q, sc.q + r * E, E);
+        if (gorows == sc.go)
+          widen_row(dout_b + h * bp.dout.head_stride + i * bp.dout.row_stride, sc.go + r * Ev, Ev);
         const int64_t fr = flat_row(bp, b, h, i);
         sc.lse[r] = lse_all[fr];
         sc.delta[r] = delta_all[fr];
-        std::memcpy(sc.dqb + r * pl.ep, acc + ((h - h0) * acc_heads + i) * pl.ep,
-                    size_t(pl.ep) * sizeof(T));
+        if (!one_head)
+          std::memcpy(sc.dqb + r * pl.ep, acc + ((h - h0) * acc_heads + i) * pl.ep,
+                      size_t(pl.ep) * sizeof(T));
       }
-      std::memset(sc.q + nrows * E, 0, size_t((R - nrows) * E) * sizeof(T));
-      std::memset(sc.go + nrows * Ev, 0, size_t((R - nrows) * Ev) * sizeof(T));
-      std::memset(sc.dqb + nrows * pl.ep, 0, size_t((R - nrows) * pl.ep) * sizeof(T));
-      pack_values<T, T>(sc.q, E, R, E, pl.rows_pad, sc.qp);
-      pack_values<T, T>(sc.go, Ev, R, Ev, pl.rows_pad, sc.gop);
-      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, nrows, kb, seen);
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
-        std::memcpy(acc + ((h - h0) * acc_heads + i) * pl.ep, sc.dqb + r * pl.ep,
-                    size_t(pl.ep) * sizeof(T));
+      if (nrows < R) {
+        std::memset(sc.q + nrows * E, 0, size_t((R - nrows) * E) * sizeof(T));
+        std::memset(sc.go + nrows * Ev, 0, size_t((R - nrows) * Ev) * sizeof(T));
+        std::memset(sc.dqb + nrows * pl.ep, 0, size_t((R - nrows) * pl.ep) * sizeof(T));
       }
+      pack_values<T, T>(qrows, E, R, E, pl.rows_pad, sc.qp);
+      pack_values<T, T>(gorows, Ev, R, Ev, pl.rows_pad, sc.gop);
+      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, qrows, gorows, dqrows, nrows, kb, seen);
+      if (!one_head)
+        for (int64_t r = 0; r < nrows; ++r) {
+          const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
+          std::memcpy(acc + ((h - h0) * acc_heads + i) * pl.ep, sc.dqb + r * pl.ep,
+                      size_t(pl.ep) * sizeof(T));
+        }
     }
     for (int64_t j = 0; j < n; ++j) {
       std::memcpy(dk + (kb + j) * E, sc.dkb + j * pl.ep, size_t(E) * sizeof(T));

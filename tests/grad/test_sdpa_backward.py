@@ -122,6 +122,32 @@ def test_bit_identical_for_any_thread_count():
                 assert a.tobytes() == b.tobytes()
 
 
+def test_rows_read_in_place_match_rows_copied(isa):
+    """Whole 64-row blocks of one head whose q and grad_out rows lie packed are read in
+    place and their dQ accumulated in place; the same arrays as strided views (rows not
+    packed) go through the copies: the same bits, and the reference's gradients. E = 64
+    (dQ accumulated in dq itself) and E = 40 (in a padded accumulator), float32 and
+    float64, full and causal, 2 heads, Lq = 192, Lk = 300 (a partial key block)."""
+    rng = np.random.default_rng(6)
+    for dt, e, causal in ((np.float32, 64, False), (np.float32, 40, True), (np.float64, 64, True)):
+        wide = [rng.standard_normal((2, n, 2 * e)).astype(dt) for n in (192, 300, 300, 192)]
+        strided = [a[..., :e] for a in wide]
+        packed = [np.ascontiguousarray(a) for a in strided]
+        q, k, v, _ = packed
+        out, lse = fastattn.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+        g, gs = packed[3], strided[3]
+        got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=causal)
+        via_copies = fastattn.scaled_dot_product_attention_backward(
+            gs, strided[0], k, v, out, lse, is_causal=causal
+        )
+        for a, b in zip(got, via_copies):
+            assert a.tobytes() == b.tobytes()
+        want = reference.scaled_dot_product_attention_backward(
+            g, q, k, v, out, lse, is_causal=causal
+        )
+        _check(got, want, dt)
+
+
 def test_long_head_matches_reference(isa):
     """Several key chunks (their dQ accumulators summed at the end) and blocks of both
     sizes' remainders: 1 head, Lq = 150, Lk = 333, float64."""
