@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
 
 
-def _numpy_only(fn: str, *arrays: object) -> None:
-    kind = _dispatch.backend(*arrays)
+def _numpy_only(fn: str, arguments: dict) -> None:
+    """A ``NotImplementedError`` if any of a call's ``arguments`` is a Dask or CuPy array."""
+    kind = _dispatch.backend(*arguments.values())
     if kind is not None:
         raise NotImplementedError(
             f"{fn} runs on NumPy arrays only, got {'CuPy' if kind == 'cupy' else 'Dask'} arrays"
@@ -145,36 +146,9 @@ softcap, sinks, alibi_slopes
     >>> round(float(dv.sum()), 9)  # each row's weights sum to 1: 2 heads x 16 rows x 8 features
     256.0
     """
-    _numpy_only(
-        "scaled_dot_product_attention_backward",
-        grad_out,
-        query,
-        key,
-        value,
-        out,
-        lse,
-        attn_mask,
-        valid_lens,
-        sinks,
-        alibi_slopes,
-    )
-    args, grad, fwd_out, fwd_lse = sdpa_backward_args(
-        grad_out,
-        out,
-        lse,
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        causal_alignment,
-        window,
-        scale,
-        softcap,
-        sinks,
-        alibi_slopes,
-    )
+    call = _dispatch.forwarded(scaled_dot_product_attention_backward, locals())
+    _numpy_only("scaled_dot_product_attention_backward", call)
+    args, grad, fwd_out, fwd_lse = sdpa_backward_args(call)
     full_out = args.full_out_shape
     sink_view, alibi_view = head_values(args)
     storage = sdpa_storage_dtype(args)
@@ -257,26 +231,9 @@ scale, softcap, sinks, alibi_slopes
     >>> bool(np.allclose(dv[:3], dv3.swapaxes(0, 1), rtol=1e-12))
     True
     """
-    _numpy_only(
-        "varlen_attention_backward", grad_out, query, key, value, out, lse, sinks, alibi_slopes
-    )
-    args, grad, fwd_out, fwd_lse = varlen_backward_args(
-        grad_out,
-        out,
-        lse,
-        query,
-        key,
-        value,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        is_causal,
-        causal_alignment,
-        window,
-        scale,
-        softcap,
-        sinks,
-        alibi_slopes,
-    )
+    call = _dispatch.forwarded(varlen_attention_backward, locals())
+    _numpy_only("varlen_attention_backward", call)
+    args, grad, fwd_out, fwd_lse = varlen_backward_args(call)
     storage = storage_dtype(args.result_dtype, args.compute_dtype)
     # The packed call as one SDPA without a batch: (heads, tokens, features) views.
     qkv_out_grad = [

@@ -16,6 +16,7 @@ import numpy as np
 from fastattn import _threads
 from fastattn._checks import check_flag
 from fastattn._compute import average_heads
+from fastattn._dispatch import forwarded
 from fastattn._dtypes import is_bfloat16
 from fastattn._grad_args import (
     grad_like,
@@ -287,21 +288,7 @@ def scaled_dot_product_attention_backward(
            [0.66976155, 0.66976155]])
     """
     args, grad, _, _ = sdpa_backward_args(
-        grad_out,
-        out,
-        lse,
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        causal_alignment,
-        window,
-        scale,
-        softcap,
-        sinks,
-        alibi_slopes,
+        forwarded(scaled_dot_product_attention_backward, locals())
     )
     _threads.resolve(num_threads)
     q, k, v = _full_qkv(args)
@@ -447,23 +434,7 @@ def varlen_attention_backward(
     array([[1., 1.],
            [1., 1.]])
     """
-    args, grad, _, _ = varlen_backward_args(
-        grad_out,
-        out,
-        lse,
-        query,
-        key,
-        value,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        is_causal,
-        causal_alignment,
-        window,
-        scale,
-        softcap,
-        sinks,
-        alibi_slopes,
-    )
+    args, grad, _, _ = varlen_backward_args(forwarded(varlen_attention_backward, locals()))
     _threads.resolve(num_threads)
     q, k, v, g = (
         np.swapaxes(a.astype(np.float64), 0, 1) for a in (args.query, args.key, args.value, grad)

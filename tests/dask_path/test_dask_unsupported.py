@@ -61,3 +61,20 @@ def test_family_backward_refuses_dask_in_any_array_argument(position):
     mask = da.from_array(np.ones((5, 5), bool))
     with pytest.raises(TypeError, match="additive_attention_backward takes NumPy arrays only"):
         fastattn.additive_attention_backward(np.ones((5, 4)), q, k, v, w_q, w_k, w_v, mask)
+
+
+@pytest.mark.parametrize("position", range(6))
+def test_sdpa_backward_refuses_dask_in_any_array_argument(position):
+    """scaled_dot_product_attention_backward and varlen_attention_backward run on NumPy
+    arrays only: a Dask array among grad_out, query, key, value, out, lse is refused."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 5, 4)) for _ in range(3))
+    o, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True)
+    call = [np.ones_like(o), q, k, v, o, lse]
+    call[position] = da.from_array(call[position])
+    with pytest.raises(NotImplementedError, match="runs on NumPy arrays only, got Dask"):
+        fastattn.scaled_dot_product_attention_backward(*call)
+    packed = [a.swapaxes(0, 1) if a.ndim == 3 else a.T for a in call]  # (tokens, heads, ...)
+    cu = np.array([0, 5])
+    with pytest.raises(NotImplementedError, match="runs on NumPy arrays only, got Dask"):
+        fastattn.varlen_attention_backward(*packed, cu, cu)
