@@ -8,32 +8,40 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass
-class SdpaArgs:
-    """A validated attention call. q/k/v are at least 3-D ``(..., H, L, E)``, as given
-    (not converted, not broadcast); ``attn_mask`` (bool or float) broadcasts to the
-    scores the caller sees, ``valid_lens`` (integer) is a prefix of their rows;
-    ``out_shape``/``scores_shape`` are the shapes the caller sees, ``full_*`` the same with
-    every batch dim."""
+@dataclass(kw_only=True)
+class AttentionCall:
+    """What every checked attention call holds (:class:`SdpaArgs`, :class:`VarlenArgs`):
+    q/k/v as given (not converted, not broadcast), the dtypes of the result and of the
+    arithmetic, the shape of the result the caller sees, and the score options."""
 
     query: np.ndarray
     key: np.ndarray
     value: np.ndarray
-    batch: tuple
-    attn_mask: np.ndarray | None
-    valid_lens: np.ndarray | None
     result_dtype: np.dtype
     compute_dtype: np.dtype
     out_shape: tuple
-    full_out_shape: tuple
     scale: float
     softcap: float | None
     is_causal: bool
-    diag_offset: int
     window: tuple[int, int]  # -1 = unbounded
-    # Per query head (check_head_values): the sink logits and ALiBi slopes, or None.
+    # Per query head (check_head_values): the sink logits and ALiBi slopes, shape (Hq,) or
+    # broadcastable to the score rows' leading shape (..., Hq), or None.
     sinks: np.ndarray | None = None
     alibi_slopes: np.ndarray | None = None
+
+
+@dataclass(kw_only=True)
+class SdpaArgs(AttentionCall):
+    """A validated attention call. q/k/v are at least 3-D ``(..., H, L, E)``; ``attn_mask``
+    (bool or float) broadcasts to the scores the caller sees, ``valid_lens`` (integer) is a
+    prefix of their rows; ``out_shape``/``scores_shape`` are the shapes the caller sees,
+    ``full_*`` the same with every batch dim."""
+
+    batch: tuple
+    attn_mask: np.ndarray | None
+    valid_lens: np.ndarray | None
+    full_out_shape: tuple
+    diag_offset: int
     # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
     key_scale: np.ndarray | None = None
     value_scale: np.ndarray | None = None
@@ -70,28 +78,15 @@ class SdpaArgs:
         return self.out_shape[:-1] + (self.key.shape[-2],)
 
 
-@dataclass
-class VarlenArgs:
-    """A validated varlen_attention call: the packed q/k/v as given (not converted),
-    ``(total_q, Hq, E)``, ``(total_k, Hkv, E)``, ``(total_k, Hkv, Ev)``, and the sequence
-    boundaries as int64 arrays of length ``N + 1``."""
+@dataclass(kw_only=True)
+class VarlenArgs(AttentionCall):
+    """A validated varlen_attention call: the packed q/k/v ``(total_q, Hq, E)``,
+    ``(total_k, Hkv, E)``, ``(total_k, Hkv, Ev)``, and the sequence boundaries as int64
+    arrays of length ``N + 1``."""
 
-    query: np.ndarray
-    key: np.ndarray
-    value: np.ndarray
     cu_seqlens_q: np.ndarray
     cu_seqlens_k: np.ndarray
-    result_dtype: np.dtype
-    compute_dtype: np.dtype
-    out_shape: tuple
-    scale: float
-    softcap: float | None
-    is_causal: bool
     bottom_right: bool
-    window: tuple[int, int]  # -1 = unbounded
-    # One value per query head, shape (Hq,) or broadcastable to it, or None.
-    sinks: np.ndarray | None = None
-    alibi_slopes: np.ndarray | None = None
 
     def named_inputs(self) -> dict:
         """The arrays by the names the errors use (for ``out=``'s overlap check)."""
