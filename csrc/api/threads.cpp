@@ -97,7 +97,7 @@ struct ForkWatch {
   }
 } g_fork_watch;
 
-// The team record (see team_threads).
+// The team record (see team_marked).
 constexpr int64_t kFirstMark = 50'000'000, kLongestMark = 1'600'000'000;
 // A worker that starts this late, and later than a quarter of the region, was waiting for
 // a core: an idle worker sleeping in the kernel wakes within tens of microseconds.
@@ -139,10 +139,10 @@ int resolve_available(int n) {
   return std::max(1, std::min(n, thread_cap()));
 }
 
-int team_threads(int requested) {
-  if (requested <= 1 || !g_watch.load(std::memory_order_relaxed)) return requested;
+bool team_marked() {
+  if (!g_watch.load(std::memory_order_relaxed)) return false;
   const int64_t until = g_contended_until.load(std::memory_order_relaxed);
-  return until != 0 && now_ns() < until ? 1 : requested;
+  return until != 0 && now_ns() < until;
 }
 
 void team_report(int threads, int64_t latest_start_ns, int64_t region_ns) {

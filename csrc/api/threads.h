@@ -38,12 +38,14 @@ int64_t now_ns();
 
 // Whether worker threads have been getting a core. A parallel region whose workers started
 // late (another process held the cores) marks the team contended for a while, during which
-// team_threads gives 1 (threads_for_work asks it for calls of up to a few milliseconds): a
-// call then costs its work on the core it has, not a scheduler time slice spent waiting for
-// a worker that cannot run. The mark lasts 50 ms; a region after it whose workers start on
-// time clears it. A late region soon after the last one (within twice the mark plus 50 ms,
-// a probe found on time in between or not) marks twice as long, up to 1.6 s.
-int team_threads(int requested);
+// team_marked says yes and threads_for_work gives calls of up to a few milliseconds one
+// thread: a call then costs its work on the core it has, not a scheduler time slice spent
+// waiting for a worker that cannot run. The mark lasts 50 ms; a region after it whose
+// workers start on time clears it. A late region soon after the last one (within twice the
+// mark plus 50 ms, a probe found on time in between or not) marks twice as long, up to 1.6 s.
+// team_marked is one clock read: threads_for_work asks it before reading the CPUs (a system
+// call), so a call the mark puts on one thread costs what a num_threads=1 call does.
+bool team_marked();
 // After a region of `threads` threads: the latest start of a worker and the region's
 // length, both from the region's start.
 void team_report(int threads, int64_t latest_start_ns, int64_t region_ns);
@@ -53,7 +55,7 @@ void team_report_at(int64_t latest_start_ns, int64_t region_ns, int64_t now);
 int64_t team_contended_until();
 // For tests: clear the record; or mark the team contended now.
 void team_reset(bool contended);
-// For measurements (bench/shared_cores.py): whether team_threads heeds the mark (default on).
+// For measurements (bench/shared_cores.py): whether team_marked heeds the mark (default on).
 void team_watch(bool on);
 bool team_contended();
 

@@ -10,7 +10,7 @@
 // Sharing the machine (api/threads.h): each region notes how late its workers started. A
 // worker that cannot get a core (another process holds it) makes the region wait at its
 // closing barrier for a scheduler time slice; after such a region the next small calls run
-// on one thread for a while (threads_for_work asks team_threads), so a call costs its work
+// on one thread for a while (threads_for_work asks team_marked), so a call costs its work
 // on the core it has. Results do not depend on the thread count. The team also sees the
 // caller's Ctrl-C flag (CallInterrupt), which the kernels ask between tasks.
 #pragma once  // per translation unit
