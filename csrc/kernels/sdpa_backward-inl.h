@@ -57,6 +57,7 @@ struct BwdPlan {
   int64_t nq = 1;           // query positions per block (rows = group * nq)
   int64_t rows_pad = 1;     // rows of a block, padded (whole vectors and register tiles)
   int64_t block_k = 1;      // keys per block (whole column tiles)
+  int64_t s_ld = 1;         // row stride of the block's scores, dP and tanh (see plan)
   int64_t k_blocks = 0;     // key blocks of a head
   int64_t chunks = 1;       // key chunks per (batch entry, kv head)
   int64_t units = 0;        // batch entries x kv heads
@@ -83,6 +84,9 @@ inline BwdPlan plan_backward(const AttnParams& p, int64_t batch) {
   pl.nq = imax(1, imin(imax(p.len_q, 1), kBlockRows / pl.group));
   pl.rows_pad = round_up(pl.group * pl.nq, row_align<T>());
   pl.block_k = imin(kBlockKeys, round_up(imax(p.len_k, 1), col_align<T>()));
+  // One cache line more than the block: dK/dV's tiles read a column of P and dS down the
+  // rows, which at a power-of-two stride of 1 KiB map into 4 of L1's 64 sets.
+  pl.s_ld = pl.block_k + 64 / int64_t(sizeof(T));
   pl.k_blocks = (p.len_k + pl.block_k - 1) / pl.block_k;
   pl.units = batch * p.num_heads_kv;
   pl.ep = round_up(p.dim_q, CT);
@@ -100,17 +104,15 @@ template <typename T, typename S>
 struct BwdScratch {
   T* ks;     // block_k x E: scale * K, widened, zero rows past the block's keys
   T* kt;     // K^T panels of ks (pack_keys): the scores' right operand
-  T* kp;     // ks as panels (pack_values): dQ's right operand
+  T* kp;     // K as panels (pack_values), widened: dQ's right operand
   T* vt;     // V^T panels: dP's right operand
   T* q;      // rows_pad x E: the block's query rows, widened (zero padding rows)
   T* qp;     // q as panels: dK's right operand
   T* go;     // rows_pad x Ev: the block's output-gradient rows
   T* gop;    // go as panels: dV's right operand
-  T* s;      // rows_pad x block_k: scores, then P
+  T* s;      // rows_pad x block_k (rows s_ld apart): scores, then P
   T* th;     // rows_pad x block_k: tanh(score / softcap) (softcap only)
-  T* dp;     // rows_pad x block_k: dP, then dS
-  T* pt;     // block_k x rows_pad: P^T
-  T* dst;    // block_k x rows_pad: scale * dS^T
+  T* dp;     // rows_pad x block_k: dP, then scale * dS
   T* dkb;    // block_k x ep: the key block's dK
   T* dvb;    // block_k x evp: the key block's dV
   T* dqb;    // rows_pad x ep: the query block's dQ rows
@@ -129,11 +131,9 @@ struct BwdScratch {
     qp = a.take<T>(R * pl.ep);
     go = a.take<T>(R * Ev);
     gop = a.take<T>(R * pl.evp);
-    s = a.take<T>(R * K);
-    th = a.take<T>(R * K);
-    dp = a.take<T>(R * K);
-    pt = a.take<T>(K * R);
-    dst = a.take<T>(K * R);
+    s = a.take<T>(R * pl.s_ld);
+    th = a.take<T>(R * pl.s_ld);
+    dp = a.take<T>(R * pl.s_ld);
     dkb = a.take<T>(K * pl.ep);
     dvb = a.take<T>(K * pl.evp);
     dqb = a.take<T>(R * pl.ep);
@@ -153,20 +153,49 @@ inline void widen_row(const S* src, T* dst, int64_t n) {
   for (; e < n; ++e) dst[e] = widen<T>(src[e]);
 }
 
-// dst[j * dst_ld + r] = factor * src[r * src_ld + j] for r < nrows, j < ncols (both whole
-// vectors), L x L blocks transposed in registers.
-template <typename T>
-inline void transpose_scaled(const T* src, int64_t src_ld, int64_t nrows, int64_t ncols, T factor,
-                             T* dst, int64_t dst_ld) {
+// pv_tile with p read transposed in place: acc[j, :] += sum_{r < n} p[r * p_ld + j] *
+// x[r, :] for the key rows j < nrows of dK and dV (a multiple of kRowTile), x as panels of
+// panel_rows rows (pack_values), dpad columns. A tile's R probabilities of one query row
+// are adjacent, so P and dS are multiplied where the exp loop left them (no P^T, dS^T).
+// Each element takes its terms in order, one fused multiply-add at a time.
+template <typename T, int R>
+inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t panel_rows,
+                     int64_t dpad, T* acc, int64_t acc_ld) {
   using V = Vec<T>;
-  constexpr int L = kLanes<T>;
-  for (int64_t r = 0; r < nrows; r += L)
-    for (int64_t j = 0; j < ncols; j += L) {
-      V x[L];
-      for (int i = 0; i < L; ++i) x[i] = vload(src + (r + i) * src_ld + j) * factor;
-      transpose_lanes<T>(x);
-      for (int i = 0; i < L; ++i) vstore(dst + (j + i) * dst_ld + r, x[i]);
+  constexpr int L = kLanes<T>, CT = kColTile<T>;
+  for (int64_t c = 0; c < dpad; c += CT) {
+    const T* panel = xp + (c / CT) * panel_rows * CT;
+    V a[R][2];
+    for (int jj = 0; jj < R; ++jj) {
+      a[jj][0] = vload(acc + jj * acc_ld + c);
+      a[jj][1] = vload(acc + jj * acc_ld + c + L);
     }
+    for (int64_t r = 0; r < n; ++r) {
+      const V x0 = vload(panel + r * CT), x1 = vload(panel + r * CT + L);
+      const T* pr = p + r * p_ld;
+      for (int jj = 0; jj < R; ++jj) {
+        a[jj][0] = vfma(vbroadcast(pr[jj]), x0, a[jj][0]);
+        a[jj][1] = vfma(vbroadcast(pr[jj]), x1, a[jj][1]);
+      }
+    }
+    for (int jj = 0; jj < R; ++jj) {
+      vstore(acc + jj * acc_ld + c, a[jj][0]);
+      vstore(acc + jj * acc_ld + c + L, a[jj][1]);
+    }
+  }
+}
+
+template <typename T>
+inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t panel_rows,
+                     int64_t dpad, T* acc, int64_t acc_ld, int64_t nrows) {
+  for (int64_t j = 0; j < nrows;) {
+    const int R = tile_rows_next<T>(nrows - j);
+    if (R == kRowTile)
+      pvt_rows<T, kRowTile>(p + j, p_ld, n, xp, panel_rows, dpad, acc + j * acc_ld, acc_ld);
+    else
+      pvt_rows<T, kWideRowTile<T>>(p + j, p_ld, n, xp, panel_rows, dpad, acc + j * acc_ld, acc_ld);
+    j += R;
+  }
 }
 
 // The index of row (batch entry b, query head h, position i) in lse, delta and dq, whose
@@ -184,7 +213,7 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
                        const T* q, const T* go, T* dq, int64_t nrows, int64_t kb, int64_t n) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
-  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, RP = pl.rows_pad;
+  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, RP = pl.rows_pad, SL = pl.s_ld;
   const int64_t R = round_up(nrows, row_align<T>());
   const int64_t ncols = round_up(n, col_align<T>());
   const bool capped = softcap > 0;
@@ -193,12 +222,12 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
               T(std::min(1.0 / (capped ? softcap : 1.0), double(std::numeric_limits<T>::max())));
   const T scale = T(p.scale);
 
-  scores_tile(q, E, sc.kt, sc.s, K, R, ncols);
-  scores_tile(go, imax(Ev, 1), sc.vt, sc.dp, K, R, ncols);
+  scores_tile(q, E, sc.kt, sc.s, SL, R, ncols);
+  scores_tile(go, imax(Ev, 1), sc.vt, sc.dp, SL, R, ncols);
 
   for (int64_t r = 0; r < R; ++r) {
-    T* s = sc.s + r * K;
-    T* dp = sc.dp + r * K;
+    T* s = sc.s + r * SL;
+    T* dp = sc.dp + r * SL;
     const RowRef<T, S>* row = r < nrows ? &sc.rows[r] : nullptr;
     const T lse = r < nrows ? sc.lse[r] : T(0);
     const int64_t jlo = row ? imax(row->lo - kb, 0) : 0, jhi = row ? imin(row->hi - kb, n) : 0;
@@ -207,7 +236,7 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
       std::memset(dp, 0, size_t(ncols) * sizeof(T));
       continue;
     }
-    T* th = sc.th + r * K;
+    T* th = sc.th + r * SL;
     if (capped)
       for (int64_t j = 0; j < ncols; j += L) {
         const V t = tanh_approx_vec<T>(vload(s + j) * inv_cap);
@@ -227,15 +256,14 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
         const V t = vload(th + j);
         ds *= T(1) - t * t;
       }
+      ds *= scale;
       vstore(s + j, e);
       vstore(dp + j, e == V{} ? V{} : ds);  // a hidden key's dP (NaN values) stays out
     }
   }
-  transpose_scaled(sc.s, K, R, ncols, T(1), sc.pt, RP);
-  transpose_scaled(sc.dp, K, R, ncols, scale, sc.dst, RP);
-  pv_tile(sc.pt, RP, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols);
-  pv_tile(sc.dst, RP, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols);
-  pv_tile(sc.dp, K, ncols, sc.kp, K, pl.ep, dq, pl.ep, R);
+  pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols);
+  pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols);
+  pv_tile(sc.dp, SL, n, sc.kp, K, pl.ep, dq, pl.ep, R);
 }
 
 // Task (unit u = batch entry b, kv head hk; chunk c): every key block of the chunk against
@@ -296,7 +324,7 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
         }
         std::memset(sc.ks + n * E, 0, size_t((ncols - n) * E) * sizeof(T));
         pack_keys<T, T>(sc.ks, E, ncols, ncols, E, sc.kt);
-        pack_values<T, T>(sc.ks, E, ncols, E, K, sc.kp);
+        pack_values<T, S>(k, p.k.row_stride, n, E, K, sc.kp);
         pack_keys<T, S>(refs.v + kb * p.v.row_stride, p.v.row_stride, n, ncols, imax(Ev, 1), sc.vt);
         packed = true;
       }
