@@ -185,17 +185,62 @@ inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t p
   }
 }
 
-template <typename T>
+// first(j): the first row r whose P and dS entries of the key tile at j may be nonzero
+// (the rows before it are skipped: their products are exact zeros); n: none is.
+template <typename T, typename First>
 inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t panel_rows,
-                     int64_t dpad, T* acc, int64_t acc_ld, int64_t nrows) {
+                     int64_t dpad, T* acc, int64_t acc_ld, int64_t nrows, First first) {
+  constexpr int CT = kColTile<T>;
   for (int64_t j = 0; j < nrows;) {
     const int R = tile_rows_next<T>(nrows - j);
-    if (R == kRowTile)
-      pvt_rows<T, kRowTile>(p + j, p_ld, n, xp, panel_rows, dpad, acc + j * acc_ld, acc_ld);
-    else
-      pvt_rows<T, kWideRowTile<T>>(p + j, p_ld, n, xp, panel_rows, dpad, acc + j * acc_ld, acc_ld);
+    const int64_t r0 = first(j);
+    if (r0 < n) {
+      const T* pj = p + r0 * p_ld + j;
+      const T* x = xp + r0 * CT;
+      if (R == kRowTile)
+        pvt_rows<T, kRowTile>(pj, p_ld, n - r0, x, panel_rows, dpad, acc + j * acc_ld, acc_ld);
+      else
+        pvt_rows<T, kWideRowTile<T>>(pj, p_ld, n - r0, x, panel_rows, dpad, acc + j * acc_ld,
+                                     acc_ld);
+    }
     j += R;
   }
+}
+
+// A pair's register-tile rows (tile_rows_next's cut of its rows) and the columns each
+// tile needs: past the last key any of its rows sees (rounded to whole column tiles), every
+// weight of the tile is 0, so its scores, dS and products there are skipped. Only when
+// the columns grow from tile to tile (a causal diagonal): dK and dV then skip, for each
+// key tile, the row tiles before the first whose columns reach it.
+constexpr int kMaxTiles = 16;
+struct RowTiles {
+  int count = 0;
+  int64_t row0[kMaxTiles + 1];
+  int64_t cols[kMaxTiles];
+};
+
+// The pair's row tiles, or false when its tiles all need every column (or too many).
+template <typename T, typename S>
+inline bool trim_row_tiles(const RowRef<T, S>* rows, int64_t nrows, int64_t R, int64_t kb,
+                           int64_t n, int64_t ncols, RowTiles* rt) {
+  int64_t r = 0, last = 0;
+  bool any_short = false;
+  rt->count = 0;
+  while (r < R) {
+    if (rt->count == kMaxTiles) return false;
+    const int h = tile_rows_next<T>(R - r);
+    int64_t seen = 0;
+    for (int64_t i = r; i < imin(r + h, nrows); ++i)
+      if (rows[i].lo < rows[i].hi) seen = imax(seen, imin(rows[i].hi - kb, n));
+    const int64_t cols = imin(round_up(seen, col_align<T>()), ncols);
+    if (cols < last) return false;
+    any_short = any_short || cols < ncols;
+    rt->row0[rt->count] = r;
+    rt->cols[rt->count++] = last = cols;
+    r += h;
+  }
+  rt->row0[rt->count] = R;
+  return any_short;
 }
 
 // The index of row (batch entry b, query head h, position i) in lse, delta and dq, whose
@@ -222,34 +267,54 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
               T(std::min(1.0 / (capped ? softcap : 1.0), double(std::numeric_limits<T>::max())));
   const T scale = T(p.scale);
 
-  scores_tile(q, E, sc.kt, sc.s, SL, R, ncols);
-  scores_tile(go, imax(Ev, 1), sc.vt, sc.dp, SL, R, ncols);
-
+  RowTiles rt;
+  const bool trim = trim_row_tiles(sc.rows, nrows, R, kb, n, ncols, &rt);
+  if (trim) {
+    for (int t = 0; t < rt.count; ++t) {
+      const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0;
+      if (rt.cols[t] == 0) continue;
+      scores_tile(q + r0 * E, E, sc.kt, sc.s + r0 * SL, SL, h, rt.cols[t]);
+      scores_tile(go + r0 * imax(Ev, 1), imax(Ev, 1), sc.vt, sc.dp + r0 * SL, SL, h, rt.cols[t]);
+    }
+  } else {
+    scores_tile(q, E, sc.kt, sc.s, SL, R, ncols);
+    scores_tile(go, imax(Ev, 1), sc.vt, sc.dp, SL, R, ncols);
+  }
+  int tile = 0;  // the row tile of row r (trim)
   for (int64_t r = 0; r < R; ++r) {
     T* s = sc.s + r * SL;
     T* dp = sc.dp + r * SL;
     const RowRef<T, S>* row = r < nrows ? &sc.rows[r] : nullptr;
     const T lse = r < nrows ? sc.lse[r] : T(0);
     const int64_t jlo = row ? imax(row->lo - kb, 0) : 0, jhi = row ? imin(row->hi - kb, n) : 0;
+    if (trim && r == rt.row0[tile + 1]) ++tile;
+    // The columns this row's tile computes, and those dK/dV's key tiles may read (a key
+    // tile of 6 rows can straddle the end of a column tile: zeros past it).
+    const int64_t cols = trim ? rt.cols[tile] : ncols;
+    const int64_t read = trim ? imin(cols + col_align<T>(), ncols) : ncols;
     if (!row || jlo >= jhi || lse == -T(__builtin_inf())) {  // no weight in this block
-      std::memset(s, 0, size_t(ncols) * sizeof(T));
-      std::memset(dp, 0, size_t(ncols) * sizeof(T));
+      std::memset(s, 0, size_t(read) * sizeof(T));
+      std::memset(dp, 0, size_t(read) * sizeof(T));
       continue;
+    }
+    if (read > cols) {
+      std::memset(s + cols, 0, size_t(read - cols) * sizeof(T));
+      std::memset(dp + cols, 0, size_t(read - cols) * sizeof(T));
     }
     T* th = sc.th + r * SL;
     if (capped)
-      for (int64_t j = 0; j < ncols; j += L) {
+      for (int64_t j = 0; j < cols; j += L) {
         const V t = tanh_approx_vec<T>(vload(s + j) * inv_cap);
         vstore(th + j, t);
         vstore(s + j, cap * t);
       }
     if (row->chunks)
-      mask_row_chunked(p, *row, kb, jlo, jhi, 0, ncols, s);
+      mask_row_chunked(p, *row, kb, jlo, jhi, 0, cols, s);
     else
-      mask_row(p, row->fmask, row->bmask, kb, jlo, jhi, ncols, s);
-    if (row->slope) alibi_row_max(*row->slope, kb - row->diag, ncols, s);
+      mask_row(p, row->fmask, row->bmask, kb, jlo, jhi, cols, s);
+    if (row->slope) alibi_row_max(*row->slope, kb - row->diag, cols, s);
     const T delta = sc.delta[r];
-    for (int64_t j = 0; j < ncols; j += L) {
+    for (int64_t j = 0; j < cols; j += L) {
       const V e = exp2_approx_vec<T>((vload(s + j) - lse) * T(kLog2e));
       V ds = e * (vload(dp + j) - delta);
       if (capped) {
@@ -261,9 +326,25 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
       vstore(dp + j, e == V{} ? V{} : ds);  // a hidden key's dP (NaN values) stays out
     }
   }
-  pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols);
-  pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols);
-  pv_tile(sc.dp, SL, n, sc.kp, K, pl.ep, dq, pl.ep, R);
+  if (trim) {
+    const auto first = [&](int64_t j) {
+      for (int t = 0; t < rt.count; ++t)
+        if (rt.cols[t] > j) return rt.row0[t];
+      return R;
+    };
+    pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols, first);
+    pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols, first);
+    for (int t = 0; t < rt.count; ++t) {
+      const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0, inner = imin(rt.cols[t], n);
+      if (inner > 0)
+        pv_tile(sc.dp + r0 * SL, SL, inner, sc.kp, K, pl.ep, dq + r0 * pl.ep, pl.ep, h);
+    }
+  } else {
+    const auto first = [](int64_t) { return int64_t(0); };
+    pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols, first);
+    pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols, first);
+    pv_tile(sc.dp, SL, n, sc.kp, K, pl.ep, dq, pl.ep, R);
+  }
 }
 
 // Task (unit u = batch entry b, kv head hk; chunk c): every key block of the chunk against
