@@ -66,7 +66,11 @@ def forwarded(fn, scope: dict) -> dict:
     """The call of ``fn`` as it was made, by parameter name: the values of ``fn``'s
     parameters in ``scope`` (``locals()`` inside ``fn``), to hand on to a backend whole
     instead of listing every parameter again."""
-    code = fn.__code__
-    return {
-        name: scope[name] for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    }
+    names = _PARAMETERS.get(fn)
+    if names is None:
+        code = fn.__code__
+        names = _PARAMETERS[fn] = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return {name: scope[name] for name in names}
+
+
+_PARAMETERS: dict = {}  # each function's parameter names, as forwarded has read them

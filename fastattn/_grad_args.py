@@ -42,29 +42,31 @@ def backward_states(grad_out, out, lse, out_shape: tuple):
     return g, o, lse_
 
 
-def _forward_call(call: dict) -> dict:
+def _split(call: dict) -> tuple:
     """A backward's ``call`` (its arguments by name, :func:`fastattn._dispatch.forwarded`)
-    less what only the backward takes: the forward's arguments."""
-    return {name: a for name, a in call.items() if name not in _BACKWARD_ONLY}
-
-
-_BACKWARD_ONLY = ("grad_out", "out", "lse", "num_threads")
+    split into (grad_out, out, lse) and the forward's arguments (the same dict, less those
+    and num_threads)."""
+    states = call.pop("grad_out"), call.pop("out"), call.pop("lse")
+    del call["num_threads"]
+    return states, call
 
 
 def sdpa_backward_args(call: dict):
     """(SdpaArgs, grad_out, out, lse) of a checked scaled_dot_product_attention_backward
     call; ``call``: its arguments by name (:func:`fastattn._dispatch.forwarded`)."""
     _no_int8(call["key"], call["value"], "scaled_dot_product_attention_backward")
-    args = sdpa_args(**_forward_call(call))
-    return (args, *backward_states(call["grad_out"], call["out"], call["lse"], args.out_shape))
+    states, forward = _split(dict(call))
+    args = sdpa_args(**forward)
+    return (args, *backward_states(*states, args.out_shape))
 
 
 def varlen_backward_args(call: dict):
     """(VarlenArgs, grad_out, out, lse) of a checked varlen_attention_backward call;
     ``call``: its arguments by name."""
     _no_int8(call["key"], call["value"], "varlen_attention_backward")
-    args = varlen_args(**_forward_call(call))
-    return (args, *backward_states(call["grad_out"], call["out"], call["lse"], args.out_shape))
+    states, forward = _split(dict(call))
+    args = varlen_args(**forward)
+    return (args, *backward_states(*states, args.out_shape))
 
 
 def sum_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
