@@ -53,7 +53,7 @@ int threads_for(const AttnParams& p) {
 }  // namespace
 
 int threads_for_work(double multiply_adds, int num_threads) {
-  if (multiply_adds < kOneThreadWork) return 1;
+  if (multiply_adds < kOneThreadWork || num_threads == 1) return 1;
   // The mark first: resolving the default count reads the affinity (a system call), which
   // made a marked call measurably slower than a num_threads=1 call (3 % at 512 keys).
   if (multiply_adds < kShareWork && team_marked()) return 1;

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -139,10 +142,73 @@ int resolve_available(int n) {
   return std::max(1, std::min(n, thread_cap()));
 }
 
+namespace {
+
+// The probe: a thread of ours, asleep until a call finds the mark run out. Woken, it
+// reports how late it woke as a region reports its latest worker (team_report_at), so it
+// clears the mark (on time) or renews it (late) while the calls go on without it. Made by
+// the first probe and never destroyed (it is detached and waits on this record).
+struct Probe {
+  std::mutex m;
+  std::condition_variable wake;
+  int64_t posted = 0;  // when the pending probe was posted (0: none)
+};
+Probe* g_probe = nullptr;
+std::once_flag g_probe_made;
+std::atomic<bool> g_probe_pending{false};
+std::atomic<bool> g_probe_failed{false};  // no thread could be made: the regions probe
+
+[[noreturn]] void probe_loop(Probe* p) {
+  std::unique_lock<std::mutex> lock(p->m);
+  while (true) {
+    p->wake.wait(lock, [p] { return p->posted != 0; });
+    const int64_t now = now_ns(), lag = now - p->posted;
+    p->posted = 0;
+    lock.unlock();
+    team_report_at(lag, 0, now);  // (late: lag > kLateStart)
+    g_probe_pending.store(false);
+    lock.lock();
+  }
+}
+
+// Wakes the probe unless one is pending; false if there is no probe thread (none could be
+// made), when the call's own region probes as before.
+bool post_probe() {
+  std::call_once(g_probe_made, [] {
+    try {
+      g_probe = new Probe;
+      std::thread probe(probe_loop, g_probe);
+#if defined(__linux__)
+      pthread_setname_np(probe.native_handle(), "fastattn-probe");  // (named before it runs)
+#endif
+      probe.detach();
+    } catch (...) {
+      g_probe_failed.store(true);
+    }
+  });
+  if (g_probe_failed.load(std::memory_order_relaxed)) return false;
+  bool idle = false;
+  if (!g_probe_pending.compare_exchange_strong(idle, true)) return true;
+  {
+    std::lock_guard<std::mutex> lock(g_probe->m);
+    g_probe->posted = now_ns();
+  }
+  g_probe->wake.notify_one();
+  return true;
+}
+
+}  // namespace
+
 bool team_marked() {
   if (!g_watch.load(std::memory_order_relaxed)) return false;
   const int64_t until = g_contended_until.load(std::memory_order_relaxed);
-  return until != 0 && now_ns() < until;
+  if (until == 0) return false;
+  if (now_ns() < until) return true;
+  // The mark has run out. A call's region as the probe waited a scheduler time slice
+  // whenever the worker was still late (10-30 ms beside a busy process on the loaded 2-core
+  // Xeon, once per mark); the probe thread is woken instead and this call runs on one
+  // thread. (A forked child runs on one thread anyway, and has no probe thread.)
+  return in_forked_child() || post_probe();
 }
 
 void team_report(int threads, int64_t latest_start_ns, int64_t region_ns) {

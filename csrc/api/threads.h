@@ -40,11 +40,13 @@ int64_t now_ns();
 // late (another process held the cores) marks the team contended for a while, during which
 // team_marked says yes and threads_for_work gives calls of up to a few milliseconds one
 // thread: a call then costs its work on the core it has, not a scheduler time slice spent
-// waiting for a worker that cannot run. The mark lasts 50 ms; a region after it whose
-// workers start on time clears it. A late region soon after the last one (within twice the
-// mark plus 50 ms, a probe found on time in between or not) marks twice as long, up to 1.6 s.
-// team_marked is one clock read: threads_for_work asks it before reading the CPUs (a system
-// call), so a call the mark puts on one thread costs what a num_threads=1 call does.
+// waiting for a worker that cannot run. The mark lasts 50 ms. The first call after it wakes
+// a probe thread of ours and runs on one thread, as the calls after it do until the probe
+// reports: woken on time, it clears the mark; late, it renews it as a late region does. A
+// late region or probe soon after the last one (within twice the mark plus 50 ms, a probe
+// found on time in between or not) marks twice as long, up to 1.6 s. team_marked is one
+// clock read: threads_for_work asks it before reading the CPUs (a system call), so a call
+// the mark puts on one thread costs what a num_threads=1 call does.
 bool team_marked();
 // After a region of `threads` threads: the latest start of a worker and the region's
 // length, both from the region's start.

@@ -227,6 +227,37 @@ def test_late_workers_mark_the_team_contended():
     assert int(out) > 0
 
 
+@pytest.mark.skipif(not TWO_CPUS, reason="needs Linux and 2+ CPUs")
+def test_probe_after_the_mark_does_not_hold_up_the_call():
+    """The first call after the mark runs out does not probe with its own team (beside a
+    busy process the worker is mostly still late, and the call waited a time slice for it):
+    it runs on one thread and wakes the probe thread, whose report clears or renews the
+    mark."""
+    out = _python(
+        """
+        import time
+        def WORKERS():  # OS threads other than the probe's
+            names = []
+            for t in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            return sum(n != "fastattn-probe" for n in names)
+        ms = 1_000_000
+        t = _core.now_ns()
+        _core.team_report_at(5 * ms, 6 * ms, t - 60 * ms)  # a 50 ms mark, run out 10 ms ago
+        expired = _core.team_contended_until()
+        before = WORKERS()
+        fastattn.scaled_dot_product_attention(*BIG)
+        started = WORKERS() - before
+        deadline = time.monotonic() + 5
+        while _core.team_contended_until() == expired and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(expired < _core.now_ns(), started, _core.team_contended_until() != expired)
+        """
+    )
+    assert out == "True 0 True"
+
+
 def test_late_again_soon_after_a_probe_marks_longer():
     """Beside a process that holds a core, most regions find their workers on time and a
     few wait a time slice: a late region soon after the on-time probe that cleared the mark
