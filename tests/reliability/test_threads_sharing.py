@@ -258,6 +258,37 @@ def test_probe_after_the_mark_does_not_hold_up_the_call():
     assert out == "True 0 True"
 
 
+@pytest.mark.skipif(not TWO_CPUS, reason="needs Linux and 2+ CPUs")
+def test_probe_on_time_is_confirmed_by_a_second_wake():
+    """A probe that wakes on time clears the mark only after waking on time again from a
+    2 ms sleep: one prompt wake beside a busy process did not mean the team's worker would
+    get a core too. (A probe made late by the machine's load renews the mark instead; the
+    loop tries again until one clears it.)"""
+    out = _python(
+        """
+        import time
+        ms = 1_000_000
+        cleared_after = []
+        for _ in range(50):
+            time.sleep(0.001)  # (the last probe's thread done)
+            t = _core.now_ns()
+            _core.team_reset(False)
+            _core.team_report_at(5 * ms, 6 * ms, t - 60 * ms)  # run out 10 ms ago
+            expired = _core.team_contended_until()
+            t0 = _core.now_ns()
+            fastattn.scaled_dot_product_attention(*BIG)  # wakes the probe
+            while _core.team_contended_until() == expired and _core.now_ns() - t0 < 5e9:
+                pass
+            if _core.team_contended_until() == 0:
+                cleared_after.append(_core.now_ns() - t0)
+                if len(cleared_after) == 3:
+                    break
+        print(len(cleared_after) > 0, min(cleared_after, default=0) >= 2 * ms)
+        """
+    )
+    assert out == "True True"
+
+
 def test_late_again_soon_after_a_probe_marks_longer():
     """Beside a process that holds a core, most regions find their workers on time and a
     few wait a time slice: a late region soon after the on-time probe that cleared the mark
