@@ -4,7 +4,8 @@ Run: python bench/shared_cores.py [--rounds 7] [--calls 100] [--scenarios alone,
 
 Each scenario runs a measuring process (a fresh interpreter) that loops, round after round,
 over the shapes below, timing ``--calls`` calls at the default thread count and then as many at
-``num_threads=1`` (interleaved, so both see the same conditions), and prints per-call medians:
+``num_threads=1`` and as many with the watch off (interleaved, in the reverse order every other
+round, so all see the same conditions), and prints per-call medians:
 
 - ``alone``: nothing else started by this script (the machine may still be loaded by others);
 - ``busy``: beside one process spinning a pure-Python loop (a core held by someone else);
@@ -13,10 +14,10 @@ over the shapes below, timing ``--calls`` calls at the default thread count and 
 
 Shapes: the tiny call ``(1,1,1,64)`` x 16 keys, decode ``(1,8,1,64)`` x 16 .. 2048 keys and a
 full attention ``(1,8,1024,64)`` (float32). A figure is the median over rounds of each round's
-median per call; "ratio" is default / ``num_threads=1`` from the same rounds; "unwatched" is
-the default thread count with the late-worker watch off (``_core.team_watch(False)``: the
-behaviour before it, for an A/B in the same run); "mean" is the mean per call over all rounds
-(where stalls of a scheduler time slice show).
+median per call; "ratio" is default / ``num_threads=1`` from the same rounds, "p25-p75" the
+spread of the rounds' own ratios; "unwatched" is the default thread count with the late-worker
+watch off (``_core.team_watch(False)``: the behaviour before it, for an A/B in the same run);
+"mean" is the mean per call over all rounds (where stalls of a scheduler time slice show).
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ for name, q, lk in shapes:
 sdpa = fastattn.scaled_dot_product_attention
 KEYS = ["default", "1", "unwatched"]
 res = {name: {k: [] for k in KEYS + ["mean_" + k for k in KEYS]} for name, *_ in cases}
-for _ in range(rounds):
+MODES = (("default", None, 1), ("1", 1, 1), ("unwatched", None, 0))
+for r in range(rounds):
     for name, Q, K, V, n in cases:
-        for key, nt, watch in (("default", None, 1), ("1", 1, 1), ("unwatched", None, 0)):
+        for key, nt, watch in MODES if r % 2 == 0 else MODES[::-1]:  # no order bias
             fastattn._core.team_watch(bool(watch))
             sdpa(Q, K, V, num_threads=nt)
             t = []
@@ -125,7 +127,7 @@ def main() -> None:
         res = raw[scenario] = run_scenario(scenario, shapes, a.calls, a.rounds)
         print(f"\n{scenario}: per-call median over {a.rounds} rounds (us)")
         print(
-            f"  {'shape':28s} {'default':>10s} {'threads=1':>10s} {'ratio':>6s}"
+            f"  {'shape':28s} {'default':>10s} {'threads=1':>10s} {'ratio':>6s} {'p25-p75':>11s}"
             f" {'unwatched':>10s} {'mean: default':>14s} {'threads=1':>10s} {'unwatched':>10s}"
         )
         for name, r in res.items():
@@ -135,9 +137,12 @@ def main() -> None:
             md, mo, mu = (
                 sum(r[k]) / len(r[k]) for k in ("mean_default", "mean_1", "mean_unwatched")
             )
+            # The spread of the same-round ratios (each round's default over its threads=1).
+            ratios = sorted(a / b for a, b in zip(r["default"], r["1"]))
+            lo, hi = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
             print(
-                f"  {name:28s} {d:10.1f} {o:10.1f} {d / o:6.2f} {u:10.1f} {md:14.1f} {mo:10.1f}"
-                f" {mu:10.1f}"
+                f"  {name:28s} {d:10.1f} {o:10.1f} {d / o:6.2f} {lo:5.2f}-{hi:<5.2f} {u:10.1f}"
+                f" {md:14.1f} {mo:10.1f} {mu:10.1f}"
             )
     if a.json:
         with open(a.json, "w") as f:
