@@ -153,25 +153,35 @@ inline void widen_row(const S* src, T* dst, int64_t n) {
   for (; e < n; ++e) dst[e] = widen<T>(src[e]);
 }
 
+// The right operand of dK = dS^T Q and dV = P^T dO: row r's columns [c, c + kColTile) at
+// x + (c / kColTile) * chunk + r * ld. Panels (pack_values, panel_rows rows): ld =
+// kColTile, chunk = panel_rows * kColTile; rows read in place (a row's width a whole number
+// of column tiles): ld = the row stride, chunk = kColTile.
+template <typename T>
+struct RowsOperand {
+  const T* x;
+  int64_t ld, chunk;
+};
+
 // pv_tile with p read transposed in place: acc[j, :] += sum_{r < n} p[r * p_ld + j] *
-// x[r, :] for the key rows j < nrows of dK and dV (a multiple of kRowTile), x as panels of
-// panel_rows rows (pack_values), dpad columns. A tile's R probabilities of one query row
-// are adjacent, so P and dS are multiplied where the exp loop left them (no P^T, dS^T).
-// Each element takes its terms in order, one fused multiply-add at a time.
+// x[r, :] for the key rows j < nrows of dK and dV (a multiple of kRowTile), dpad columns.
+// A tile's R probabilities of one query row are adjacent, so P and dS are multiplied where
+// the exp loop left them (no P^T, dS^T). Each element takes its terms in order, one fused
+// multiply-add at a time.
 template <typename T, int R>
-inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t panel_rows,
-                     int64_t dpad, T* acc, int64_t acc_ld) {
+inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int64_t dpad, T* acc,
+                     int64_t acc_ld) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>, CT = kColTile<T>;
   for (int64_t c = 0; c < dpad; c += CT) {
-    const T* panel = xp + (c / CT) * panel_rows * CT;
+    const T* panel = x.x + (c / CT) * x.chunk;
     V a[R][2];
     for (int jj = 0; jj < R; ++jj) {
       a[jj][0] = vload(acc + jj * acc_ld + c);
       a[jj][1] = vload(acc + jj * acc_ld + c + L);
     }
     for (int64_t r = 0; r < n; ++r) {
-      const V x0 = vload(panel + r * CT), x1 = vload(panel + r * CT + L);
+      const V x0 = vload(panel + r * x.ld), x1 = vload(panel + r * x.ld + L);
       const T* pr = p + r * p_ld;
       for (int jj = 0; jj < R; ++jj) {
         a[jj][0] = vfma(vbroadcast(pr[jj]), x0, a[jj][0]);
@@ -188,20 +198,18 @@ inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t p
 // first(j): the first row r whose P and dS entries of the key tile at j may be nonzero
 // (the rows before it are skipped: their products are exact zeros); n: none is.
 template <typename T, typename First>
-inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, const T* xp, int64_t panel_rows,
-                     int64_t dpad, T* acc, int64_t acc_ld, int64_t nrows, First first) {
-  constexpr int CT = kColTile<T>;
+inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int64_t dpad, T* acc,
+                     int64_t acc_ld, int64_t nrows, First first) {
   for (int64_t j = 0; j < nrows;) {
     const int R = tile_rows_next<T>(nrows - j);
     const int64_t r0 = first(j);
     if (r0 < n) {
       const T* pj = p + r0 * p_ld + j;
-      const T* x = xp + r0 * CT;
+      const RowsOperand<T> xr{x.x + r0 * x.ld, x.ld, x.chunk};
       if (R == kRowTile)
-        pvt_rows<T, kRowTile>(pj, p_ld, n - r0, x, panel_rows, dpad, acc + j * acc_ld, acc_ld);
+        pvt_rows<T, kRowTile>(pj, p_ld, n - r0, xr, dpad, acc + j * acc_ld, acc_ld);
       else
-        pvt_rows<T, kWideRowTile<T>>(pj, p_ld, n - r0, x, panel_rows, dpad, acc + j * acc_ld,
-                                     acc_ld);
+        pvt_rows<T, kWideRowTile<T>>(pj, p_ld, n - r0, xr, dpad, acc + j * acc_ld, acc_ld);
     }
     j += R;
   }
@@ -255,10 +263,11 @@ inline int64_t flat_row(const SdpaBackwardParams& bp, int64_t b, int64_t h, int6
 // in sc.kt/kp/vt). Adds into sc.dkb, sc.dvb and the rows' dQ so far at dq (rows ep apart).
 template <typename T, typename S>
 inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, BwdScratch<T, S>& sc,
-                       const T* q, const T* go, T* dq, int64_t nrows, int64_t kb, int64_t n) {
+                       const T* q, const T* go, RowsOperand<T> qx, RowsOperand<T> gox, T* dq,
+                       int64_t nrows, int64_t kb, int64_t n) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>;
-  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, RP = pl.rows_pad, SL = pl.s_ld;
+  const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k, SL = pl.s_ld;
   const int64_t R = round_up(nrows, row_align<T>());
   const int64_t ncols = round_up(n, col_align<T>());
   const bool capped = softcap > 0;
@@ -332,8 +341,8 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
         if (rt.cols[t] > j) return rt.row0[t];
       return R;
     };
-    pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols, first);
-    pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols, first);
+    pvt_tile(sc.s, SL, R, gox, pl.evp, sc.dvb, pl.evp, ncols, first);
+    pvt_tile(sc.dp, SL, R, qx, pl.ep, sc.dkb, pl.ep, ncols, first);
     for (int t = 0; t < rt.count; ++t) {
       const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0, inner = imin(rt.cols[t], n);
       if (inner > 0)
@@ -341,8 +350,8 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
     }
   } else {
     const auto first = [](int64_t) { return int64_t(0); };
-    pvt_tile(sc.s, SL, R, sc.gop, RP, pl.evp, sc.dvb, pl.evp, ncols, first);
-    pvt_tile(sc.dp, SL, R, sc.qp, RP, pl.ep, sc.dkb, pl.ep, ncols, first);
+    pvt_tile(sc.s, SL, R, gox, pl.evp, sc.dvb, pl.evp, ncols, first);
+    pvt_tile(sc.dp, SL, R, qx, pl.ep, sc.dkb, pl.ep, ncols, first);
     pv_tile(sc.dp, SL, n, sc.kp, K, pl.ep, dq, pl.ep, R);
   }
 }
@@ -442,9 +451,19 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
         std::memset(sc.go + nrows * Ev, 0, size_t((R - nrows) * Ev) * sizeof(T));
         std::memset(sc.dqb + nrows * pl.ep, 0, size_t((R - nrows) * pl.ep) * sizeof(T));
       }
-      pack_values<T, T>(qrows, E, R, E, pl.rows_pad, sc.qp);
-      pack_values<T, T>(gorows, Ev, R, Ev, pl.rows_pad, sc.gop);
-      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, qrows, gorows, dqrows, nrows, kb, seen);
+      // dK's and dV's right operands: the rows themselves where their width is a whole
+      // number of column tiles, else panels.
+      constexpr int64_t CT = kColTile<T>;
+      RowsOperand<T> qx{qrows, E, CT}, gox{gorows, Ev, CT};
+      if (pl.ep != E) {
+        pack_values<T, T>(qrows, E, R, E, pl.rows_pad, sc.qp);
+        qx = {sc.qp, CT, pl.rows_pad * CT};
+      }
+      if (pl.evp != Ev) {
+        pack_values<T, T>(gorows, Ev, R, Ev, pl.rows_pad, sc.gop);
+        gox = {sc.gop, CT, pl.rows_pad * CT};
+      }
+      pair_block<T, S>(p, bp.fwd.softcap, pl, sc, qrows, gorows, qx, gox, dqrows, nrows, kb, seen);
       if (!one_head)
         for (int64_t r = 0; r < nrows; ++r) {
           const int64_t h = h0 + r / tc.nq, i = i0 + r % tc.nq;
