@@ -47,8 +47,10 @@ constexpr int64_t kBlockRows = 64;
 constexpr int64_t kBlockKeys = 256;
 // Tasks a call is cut into at least, when its (batch, kv head) pairs are fewer, and the
 // bytes the extra dQ accumulators may take (the chunks of one long head: at Lq = 32768,
-// E = 64, float32, one accumulator is 8 MiB).
-constexpr int64_t kTargetTasks = 16;
+// E = 64, float32, one accumulator is 8 MiB). Each chunk past the first costs an
+// accumulator zeroed and summed (4-5 % of a 1x8 1024^2 backward at 2 chunks per head), so
+// 8 tasks, enough for a few threads: 8 heads take one chunk each.
+constexpr int64_t kTargetTasks = 8;
 constexpr int64_t kAccBudget = int64_t(40) << 20;
 
 // How a call is cut (from the shape alone).
