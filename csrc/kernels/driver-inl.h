@@ -144,6 +144,13 @@ struct RowPrefetch {
   }
 };
 
+// Asks for the cache lines of [p, p + bytes) into L2, to be written.
+inline void prefetch_for_write(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  const char* end = c + bytes;
+  for (c -= reinterpret_cast<uintptr_t>(c) & 63; c < end; c += 64) __builtin_prefetch(c, 1, 2);
+}
+
 // Whether engine E reads ahead (E::kPrefetchNext): it then has reads_ahead(p, plan), whether
 // it does in this call, and prefetch_task(coord), called with the thread's next task before
 // the current task's last key block, whose rows it then asks for during that block.

@@ -65,6 +65,9 @@ struct SdpaScratch {
   T* l = nullptr;    // max_rows running row sum
   // The thread's next task's rows, asked for a few lines per epilogue row (SdpaEngine).
   RowPrefetch next;
+  // The task's last key block (and no key splits): the epilogue asks for each row's output
+  // lines, to be written, so that finish's stores do not wait for them one row at a time.
+  bool out_ahead = false;
 
   void layout(Arena& a, const SdpaParams& p, const Plan& plan) {
     constexpr int RT = kRowTile;
@@ -90,12 +93,16 @@ struct SdpaScratch {
 // visible_segments) are computed: the others are hidden from every row of the sub-block,
 // so their probabilities would be exactly 0.
 // ks/vs: the block's int8 key/value scales (null for float K/V).
+// Never inlined into SdpaEngine::block: inlined there (GCC did so for AVX-512 once this
+// function grew by a few lines), the 8-row P V tile ran out of general registers, kept its
+// row pointers in vector registers and moved one back per broadcast, an extra instruction
+// on an FMA port each: 1x8 2048x2048 E64 15-20 % slower.
 template <typename T, typename S, typename KV, bool kThin>
-void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
-                  const RowRef<T, S>* rows, int64_t r0, int64_t r1, int64_t kb_block,
-                  int64_t n_block, int64_t c0, int64_t c1, const int64_t* seg_a,
-                  const int64_t* seg_b, int64_t nseg, const KV* k_block, const KV* v_block,
-                  const float* ks, const float* vs, bool* v_packed, bool* v_finite) {
+__attribute__((noinline)) void attend_block(
+    const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc, const RowRef<T, S>* rows, int64_t r0,
+    int64_t r1, int64_t kb_block, int64_t n_block, int64_t c0, int64_t c1, const int64_t* seg_a,
+    const int64_t* seg_b, int64_t nseg, const KV* k_block, const KV* v_block, const float* ks,
+    const float* vs, bool* v_packed, bool* v_finite) {
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>, CT = kColTile<T>;
   constexpr T kNegInf = -T(__builtin_inf());
@@ -251,6 +258,7 @@ void attend_block(const SdpaParams& p, const Plan& plan, SdpaScratch<T>& sc,
         for (int64_t j = imax(jlo, sa(g)); j < imin(jhi, se(g, w)); ++j)
           mx = s[j] != s[j] ? s[j] : mx;
     sc.next.step();
+    if (sc.out_ahead) prefetch_for_write(row.out, p.dim_v * int64_t(sizeof(S)));
     const T m_old = sc.m[r0 + r];
     const T m_new = softmax_new_max(mx, m_old);
     if (m_new == kNegInf) {  // everything so far masked
@@ -362,6 +370,7 @@ struct SdpaEngine {
   static constexpr bool kPrefetchNext = !kThin;
   static constexpr int64_t kAheadBytes = int64_t(192) << 10;
   int64_t cur_rows = 1;  // the current task's rows (the epilogue rows of its last block)
+  int64_t task_hi = 0;   // past the last key any row of the current task sees
 
   static bool reads_ahead(const SdpaParams& p, const Plan& plan) {
     const int64_t heads_kv = batch_count(p) * p.num_heads_kv;
@@ -410,8 +419,10 @@ struct SdpaEngine {
            tv.c.hk * p.value_scale.head_stride;
     }
     constexpr bool kDot = kDotBf16<S> && !kThin;  // unscaled pairs (sdpa_bf16-inl.h)
+    task_hi = 0;
     for (int64_t r = 0; r < nrows; ++r) {
       const RowRef<T, S>& row = tv.rows[r];
+      if (row.lo < row.hi) task_hi = imax(task_hi, row.hi);
       sc.m[r] = kNegInf;
       sc.l[r] = T(0);
       if (!kDot)
@@ -438,6 +449,7 @@ struct SdpaEngine {
     const float* kbs = ks ? ks + kb : nullptr;
     const float* vbs = vs ? vs + kb : nullptr;
     bool packed = false, v_packed = false, v_finite = true;
+    sc.out_ahead = !kThin && plan.key_splits == 1 && kb + n >= task_hi;
     for (int64_t r0 = 0; r0 < tv.nrows; r0 += kSubRows) {
       const int64_t r1 = imin(tv.nrows, r0 + kSubRows);
       int64_t lo_min = kb + n, hi_max = kb;
