@@ -188,19 +188,32 @@ def versions_line(doc: dict) -> str:
 DISTURBED_SPREAD = 0.5
 
 
+def _narrower_isa(doc: dict) -> bool:
+    """Whether the run's ISA (forced with FASTATTN_ISA) is not the CPU's widest: the peak
+    is then that ISA's, and a peer running the CPU's wider instructions can pass it."""
+    cfg = doc.get("config") or {}
+    available = [s.strip() for s in str(cfg.get("isas_available", "")).split(",") if s.strip()]
+    return bool(available) and cfg.get("isa") in available and cfg["isa"] != available[-1]
+
+
 def contention_lines(doc: dict) -> list[str]:
     """A warning when the run was disturbed by other processes: a rate above 100 % of the
     FMA peak or the read bandwidth measured in the same run (impossible on a quiet machine:
     the probe lost its cores), or rounds of a row disagreeing by more than DISTURBED_SPREAD.
-    Empty for a clean run."""
-    over, spread = [], []
+    A peer's rate above the peak of an ISA narrower than the CPU's widest is no such
+    sign (the peer runs the wider instructions): it gets a note of its own. Empty for a
+    clean run."""
+    over, spread, wider = [], [], []
+    narrower = _narrower_isa(doc)
     for row in doc.get("rows", []):
         for name, r in row.get("results", {}).items():
             label = f"{row['case']} ({row.get('dtype', '?')}, {name})"
             for key in ("frac_peak", "frac_bandwidth"):
                 frac = r.get(key)
                 if frac is not None and frac > 1.0:
-                    over.append(f"{label} {frac:.0%} {'peak' if key == 'frac_peak' else 'bw'}")
+                    what = f"{label} {frac:.0%} {'peak' if key == 'frac_peak' else 'bw'}"
+                    peer = not name.startswith("fastattn")
+                    (wider if narrower and peer and key == "frac_peak" else over).append(what)
             if (r.get("spread") or 0) > DISTURBED_SPREAD:
                 spread.append(f"{label} +{r['spread']:.0%}")
     out = []
@@ -217,6 +230,14 @@ def contention_lines(doc: dict) -> list[str]:
             f"{DISTURBED_SPREAD:.0%} (worst over best): {'; '.join(spread[:5])}"
             f"{' ...' if len(spread) > 5 else ''}. Times are each row's best round; the "
             "ratios between them are less certain."
+        )
+    if wider:
+        isa = doc["config"]["isa"]
+        out.append(
+            f"- **Peers above the {isa} peak**: {'; '.join(wider[:5])}"
+            f"{' ...' if len(wider) > 5 else ''}. fastattn was held to {isa} "
+            "(FASTATTN_ISA); these engines run the CPU's wider instructions, so their "
+            f"*% peak* compares them with {isa}'s peak, not their own."
         )
     return out
 

@@ -30,6 +30,24 @@ def test_rounds_that_disagree_are_flagged():
     assert len(lines) == 1 and "disagree" in lines[0] and "+90%" in lines[0]
 
 
+def test_peer_above_a_forced_narrower_isa_peak_is_not_a_disturbance():
+    # FASTATTN_ISA=avx2 on an AVX-512 CPU: ONNX Runtime (no such switch) ran AVX-512 and
+    # passed the avx2 peak on a quiet machine; the report called the run disturbed.
+    doc = _doc()
+    doc["rows"][0]["results"]["ort"] = {"frac_peak": 1.02, "spread": 0.01}
+    doc["config"] = {"isa": "avx2", "isas_available": "scalar, baseline, avx2, avx512"}
+    lines = _report.contention_lines(doc)
+    assert len(lines) == 1 and "Peers above the avx2 peak" in lines[0] and "102%" in lines[0]
+    # fastattn's own rate above the peak still marks the run, as does any rate at the
+    # CPU's widest ISA.
+    doc["rows"][0]["results"]["fastattn"]["frac_peak"] = 1.2
+    assert any("Disturbed run" in line for line in _report.contention_lines(doc))
+    doc["rows"][0]["results"]["fastattn"]["frac_peak"] = 0.6
+    doc["config"]["isa"] = "avx512"
+    lines = _report.contention_lines(doc)
+    assert len(lines) == 1 and "Disturbed run" in lines[0]
+
+
 def test_report_limits_carry_the_warning():
     assert any("Disturbed run" in line for line in _report.limits_lines(_doc(frac_peak=1.5)))
 
