@@ -322,9 +322,10 @@ def _check_no_alias(be: Backend, out, inputs: dict) -> None:
             raise ValueError(f"out shares memory with {name}; pass a separate buffer")
 
 
-def _attention_standins(be: Backend, query, key, value, attn_mask, valid_lens) -> tuple:
+def _attention_standins(be: Backend, query, key, value, attn_mask, valid_lens, **_) -> tuple:
     """What the checks read of an attention call on device arrays: stand-ins of q/k/v and
-    the mask, and valid_lens copied to the host (its values are checked)."""
+    the mask, and valid_lens copied to the host (its values are checked); the call's other
+    arrays (``**_``, the additive weights) are not read here."""
     return (
         standin(query),
         standin(key),
@@ -351,24 +352,20 @@ def _grid(items: int) -> int:
 
 
 def _attention_launch(
-    be: Backend,
-    args,
-    q,
-    k,
-    v,
-    want_lse,
-    want_weights,
-    out,
-    attn_mask,
-    valid_lens,
-    score_weights,
-    scale,
-    softcap,
+    be: Backend, args, qkv, out, inputs: dict, want_lse=False, want_weights=False, w_v=None
 ):
     """Allocate the results, build the params block, launch; (output, lse, weights).
-    ``q``/``k``/``v`` are device arrays already broadcast to ``args.batch`` and in the
-    kernel's types; ``attn_mask``/``valid_lens`` are the caller's device arrays."""
+    ``qkv``: device arrays already broadcast to ``args.batch`` and in the kernel's types;
+    ``inputs``: the call's device arrays by name (its attn_mask and valid_lens are read).
+    ``w_v``: the additive score's weights (its scores are not scaled or soft-capped);
+    None: the dot-product score with ``args.scale`` and ``args.softcap``."""
     xp = be.xp
+    q, k, v = qkv
+    attn_mask, valid_lens = inputs["attn_mask"], inputs["valid_lens"]
+    if w_v is None:
+        scale, softcap = args.scale, args.softcap or 0.0
+    else:
+        scale, softcap = 1.0, 0.0
     result_dtype, compute = args.result_dtype, args.compute_dtype
     full_out, full_scores = args.full_out_shape, args.full_scores_shape
 
@@ -452,7 +449,7 @@ def _attention_launch(
         items = groups * -(-lq // BLOCK_Q) * max(1, -(-ev // BLOCK_V))
         ptr = be.pointer
         be.launch(
-            attention_kernel(result_dtype, score_weights is not None),
+            attention_kernel(result_dtype, w_v is not None),
             _grid(items),
             BLOCK_THREADS,
             (
@@ -462,7 +459,7 @@ def _attention_launch(
                 0 if bool_mask is None else ptr(bool_mask),
                 0 if float_mask is None else ptr(float_mask),
                 0 if lens is None else ptr(lens),
-                0 if score_weights is None else ptr(score_weights),
+                0 if w_v is None else ptr(w_v),
                 ptr(result),
                 0 if lse is None else ptr(lse),
                 0 if weights is None else ptr(weights),
@@ -522,22 +519,7 @@ def sdpa_forward(
         )
         for a, s in ((query, args.query), (key, args.key), (value, args.value))
     )
-    found = _attention_launch(
-        be,
-        args,
-        q,
-        k,
-        v,
-        want_lse,
-        want_weights,
-        out,
-        attn_mask,
-        valid_lens,
-        None,
-        args.scale,
-        args.softcap or 0.0,
-    )
-    return pack(*found)
+    return pack(*_attention_launch(be, args, (q, k, v), out, inputs, want_lse, want_weights))
 
 
 def additive_forward(
@@ -560,15 +542,13 @@ def additive_forward(
     is_causal, causal_alignment, window, as the public function takes them): the projections
     ``q w_q`` and ``k w_k`` by the array module's matmul, the scores, softmax and values
     by the attention kernel (``w_v . tanh(qp + kp)`` per tile, never ``Lq x Lk x hidden``)."""
-    q_s, k_s, v_s, mask_s, lens_host = _attention_standins(
-        be, query, key, value, attn_mask, valid_lens
-    )
+    inputs = {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k, "w_v": w_v}
+    inputs.update(attn_mask=attn_mask, valid_lens=valid_lens)
+    q_s, k_s, v_s, mask_s, lens_host = _attention_standins(be, **inputs)
     w_s = [None if w is None else standin(w) for w in (w_q, w_k, w_v)]
     args, _ = additive_args(q_s, k_s, v_s, *w_s, mask_s, lens_host, **options)
     want_weights = check_flag(return_weights, "return_weights")
     _threads.resolve(num_threads)
-    inputs = {"query": query, "key": key, "value": value, "w_q": w_q, "w_k": w_k, "w_v": w_v}
-    inputs.update(attn_mask=attn_mask, valid_lens=valid_lens)
     _check_device_out(be, out, args, inputs)
 
     xp, compute = be.xp, args.compute_dtype
@@ -582,7 +562,7 @@ def additive_forward(
         args.batch + args.value.shape[-3:],
     )
     output, _, weights = _attention_launch(
-        be, args, q, k, v, False, want_weights, out, attn_mask, valid_lens, wv, 1.0, 0.0
+        be, args, (q, k, v), out, inputs, want_weights=want_weights, w_v=wv
     )
     return pack(output, None, weights)
 
@@ -685,47 +665,31 @@ def merge_attention_states(outputs, lses, **options):
     )
 
 
-def scaled_dot_product_attention(
-    query, key, value, attn_mask=None, *, valid_lens=None, out=None, **kwargs
-):
+def _on_device(forward, call: dict, arrays: tuple):
+    """A public call (``call``: its arguments by name) computed by ``forward`` with the
+    CuPy backend, once the arguments named in ``arrays`` (in that order) are CuPy arrays
+    (or None) and ``out`` a CuPy array (or None)."""
     cupy = sys.modules["cupy"]
-    d = _device_inputs(
-        cupy,
-        {
-            "query": query,
-            "key": key,
-            "value": value,
-            "attn_mask": attn_mask,
-            "valid_lens": valid_lens,
-        },
-    )
-    return sdpa_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
+    call.update(_device_inputs(cupy, {name: call.get(name) for name in arrays}))
+    call["out"] = _device_out(cupy, call.get("out"))
+    return forward(_cupy_backend(), **call)
 
 
-def additive_attention(
-    query, key, value, w_q, w_k, w_v, attn_mask=None, *, valid_lens=None, out=None, **kwargs
-):
-    cupy = sys.modules["cupy"]
-    d = _device_inputs(
-        cupy,
-        {
-            "query": query,
-            "key": key,
-            "value": value,
-            "w_q": w_q,
-            "w_k": w_k,
-            "w_v": w_v,
-            "attn_mask": attn_mask,
-            "valid_lens": valid_lens,
-        },
-    )
-    return additive_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, **kwargs):
+    kwargs.update(query=query, key=key, value=value, attn_mask=attn_mask)
+    return _on_device(sdpa_forward, kwargs, ("query", "key", "value", "attn_mask", "valid_lens"))
 
 
-def masked_softmax(x, valid_lens=None, *, mask=None, out=None, **kwargs):
-    cupy = sys.modules["cupy"]
-    d = _device_inputs(cupy, {"x": x, "valid_lens": valid_lens, "mask": mask})
-    return softmax_forward(_cupy_backend(), **d, out=_device_out(cupy, out), **kwargs)
+def additive_attention(query, key, value, w_q, w_k, w_v, attn_mask=None, **kwargs):
+    kwargs.update(query=query, key=key, value=value, w_q=w_q, w_k=w_k, w_v=w_v)
+    kwargs.update(attn_mask=attn_mask)
+    arrays = ("query", "key", "value", "w_q", "w_k", "w_v", "attn_mask", "valid_lens")
+    return _on_device(additive_forward, kwargs, arrays)
+
+
+def masked_softmax(x, valid_lens=None, **kwargs):
+    kwargs.update(x=x, valid_lens=valid_lens)
+    return _on_device(softmax_forward, kwargs, ("x", "valid_lens", "mask"))
 
 
 # --------------------------------------------------------------------------------------

@@ -389,8 +389,8 @@ def scaled_dot_product_attention(
 ):
     """The graph of a scaled_dot_product_attention call; ``options`` (is_causal,
     causal_alignment, window, scale, softcap) as the public function takes them."""
-    seen = _attention_standins(query, key, value, attn_mask, valid_lens, out, {})
-    args = sdpa_args(*seen, **options)
+    arrays = (query, key, value, attn_mask, valid_lens)
+    args = sdpa_args(*_attention_standins(*arrays, out, {}), **options)
     want_lse = check_flag(return_lse, "return_lse")
     want_weights = check_flag(return_weights, "return_weights")
     if num_threads is not None:
@@ -405,9 +405,7 @@ def scaled_dot_product_attention(
         "scale": args.scale,
         "softcap": args.softcap,
     }
-    result, lse, weights = _attention_graph(
-        "sdpa", query, key, value, attn_mask, valid_lens, args, _sdpa_part, opts, True
-    )
+    result, lse, weights = _attention_graph("sdpa", arrays, args, _sdpa_part, opts, True)
     extra = ((lse,) if want_lse else ()) + ((weights,) if want_weights else ())
     return (result, *extra) if extra else result
 
@@ -420,9 +418,10 @@ def _no_weights(return_weights: object, name: str = "return_weights") -> None:
         )
 
 
-def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part, opts, split):
-    """The graph of an attention call checked as ``args``: one ``part`` task per (batch,
-    head, query, key) chunk; ``split``: keys chunked as given and merged (parts return
+def _attention_graph(label, arrays: tuple, args, part, opts, split):
+    """The graph of an attention call checked as ``args``, ``arrays`` its (query, key,
+    value, attn_mask, valid_lens) as given: one ``part`` task per (batch, head, query, key)
+    chunk; ``split``: keys chunked as given and merged (parts return
     ``(out, lse)``), else keys one chunk (parts return the output). With
     ``opts["weights_out"]`` parts also return their weights (last). Returns
     ``(out, lse or None, weights or None)``."""
@@ -431,6 +430,7 @@ def _attention_graph(label, query, key, value, attn_mask, valid_lens, args, part
     hq, lq, e = args.query.shape[-3:]
     hkv, lk, ev = args.key.shape[-3], args.key.shape[-2], args.value.shape[-1]
     group = hq // hkv if hkv else 1
+    query, key, value, attn_mask, valid_lens = arrays
     q = _full_rank(query, batch)
     k = _full_rank(key, batch)
     v = _full_rank(value, batch)
@@ -727,21 +727,9 @@ def _attention_block(q, k, v, mask, lens, opts: dict, threads: int):
     return _cpu.attention(spec, opts["weights_out"], None, threads)
 
 
-def _family_graph(
-    label,
-    block,
-    query,
-    key,
-    value,
-    attn_mask,
-    valid_lens,
-    args,
-    params,
-    kwargs,
-    return_weights,
-    num_threads,
-):
-    """``out``, or ``(out, weights)`` when ``return_weights``."""
+def _family_graph(label, block, arrays, args, params, kwargs, return_weights, num_threads):
+    """``out``, or ``(out, weights)`` when ``return_weights``; ``arrays``: the call's
+    (query, key, value, attn_mask, valid_lens) as given."""
     want_weights = check_flag(return_weights, "return_weights")
     opts = {
         "block": block,
@@ -754,9 +742,7 @@ def _family_graph(
     }
     if num_threads is not None:
         _threads.resolve(num_threads)
-    out, _, weights = _attention_graph(
-        label, query, key, value, attn_mask, valid_lens, args, _family_part, opts, False
-    )
+    out, _, weights = _attention_graph(label, arrays, args, _family_part, opts, False)
     return (out, weights) if want_weights else out
 
 
@@ -776,16 +762,13 @@ def additive_attention(
     """The graph of an additive_attention call; ``options`` (w_q, w_k, w_v, is_causal,
     causal_alignment, window) as the public function takes them."""
     params = {name: options.pop(name) for name in ("w_q", "w_k", "w_v")}
-    q, k, v, mask, lens = _attention_standins(query, key, value, attn_mask, valid_lens, out, params)
+    arrays = (query, key, value, attn_mask, valid_lens)
+    q, k, v, mask, lens = _attention_standins(*arrays, out, params)
     args, _ = additive_args(q, k, v, *params.values(), mask, lens, **options)
     return _family_graph(
         "additive",
         _additive_block,
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
+        arrays,
         args,
         tuple(params.values()),
         {},
@@ -816,7 +799,8 @@ def attention(
             "sinks is not supported on Dask arrays (the Dask path has no sinks): pass NumPy arrays"
         )
     params = {n: kwargs[n] for n in ("weight", "w_q", "w_k", "w_v")}
-    q, k, v, mask, lens = _attention_standins(query, key, value, attn_mask, valid_lens, out, params)
+    arrays = (query, key, value, attn_mask, valid_lens)
+    q, k, v, mask, lens = _attention_standins(*arrays, out, params)
     spec = attention_spec(
         q,
         k,
@@ -829,18 +813,7 @@ def attention(
         **kwargs,
     )
     return _family_graph(
-        "attention",
-        _attention_block,
-        query,
-        key,
-        value,
-        attn_mask,
-        valid_lens,
-        spec.args,
-        (),
-        kwargs,
-        return_weights,
-        num_threads,
+        "attention", _attention_block, arrays, spec.args, (), kwargs, return_weights, num_threads
     )
 
 
