@@ -195,31 +195,19 @@ def attention(spec, want_weights: bool, out, threads: int):
     v = to_batch(kernel_ready(args.value, storage), args.batch)
     result, in_place, _, weights = attention_buffers(args, out, False, want_weights, storage)
 
+    # What both kernels read and write.
+    operands = {"query": q, "key": k, "value": v, "out": result, "weights": weights}
     shared = shared_options(args, threads, (bool_mask, float_mask, lens))
     if normalizer == 0:  # the softmax: scaled_dot_product_attention's kernel
         _core.sdpa(
-            query=q,
-            key=k,
-            value=v,
-            out=result,
-            weights=weights,
+            **operands,
             sinks=head_values(args)[0],
             scale=spec.scale,
             mask_summary=args.mask_summary,  # a BlockMask's, as in SDPA
             **shared,
         )
     else:  # hardmax / top-k: each row's best keys kept in a heap
-        _core.select(
-            query=q,
-            key=k,
-            value=v,
-            out=result,
-            weights=weights,
-            scale=spec.scale,
-            top_k=k_keep,
-            hardmax=hardmax,
-            **shared,
-        )
+        _core.select(**operands, scale=spec.scale, top_k=k_keep, hardmax=hardmax, **shared)
 
     return attention_result(args, out, result, in_place, None, weights)
 
@@ -228,20 +216,17 @@ def attention(spec, want_weights: bool, out, threads: int):
 # nadaraya_watson
 
 
-def nadaraya_watson(ra, want_weights: bool, out, threads: int):
-    """A checked nadaraya_watson call (``ra``: its RegressionArgs)."""
-    dtype = ra.compute_dtype
-    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
-    storage = storage_dtype(ra.result_dtype, dtype)
-    # (batch..., 1, L, D): one head
+def _regression_kernel(ra, storage, want_weights: bool, threads: int):
+    """Run the nadaraya_watson kernel on a checked call with x_query, x_keys, y_values in
+    ``storage``: (xq, xk, y, output, weights or None) as it read and wrote them, each
+    (batch..., 1, L, D) (one head); the weights in the compute dtype."""
     xq, xk, y = (
         to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]
         for a in (ra.x_query, ra.x_keys, ra.y_values)
     )
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
     result = np.empty(ra.batch + (1, lq, dy), storage)
-    weights = np.empty(ra.batch + (1, lq, lk), dtype) if want_weights else None
-
+    weights = np.empty(ra.batch + (1, lq, lk), ra.compute_dtype) if want_weights else None
     _core.nadaraya_watson(
         query=xq,
         key=xk,
@@ -252,7 +237,14 @@ def nadaraya_watson(ra, want_weights: bool, out, threads: int):
         kernel=KERNELS.index(ra.kernel),
         num_threads=threads,
     )
+    return xq, xk, y, result, weights
 
+
+def nadaraya_watson(ra, want_weights: bool, out, threads: int):
+    """A checked nadaraya_watson call (``ra``: its RegressionArgs)."""
+    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
+    storage = storage_dtype(ra.result_dtype, ra.compute_dtype)
+    *_, result, weights = _regression_kernel(ra, storage, want_weights, threads)
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
     return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))
 
@@ -369,24 +361,8 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
     output, then the chain rule in NumPy (blocked over query rows). ``inputs``: x_query,
     x_keys, y_values as the caller passed them; ``bandwidth`` as passed."""
     dtype = ra.compute_dtype
-    xq, xk, y = (
-        to_batch(kernel_ready(a, dtype), ra.batch, 2)[..., None, :, :]
-        for a in (ra.x_query, ra.x_keys, ra.y_values)
-    )
+    xq, xk, y, f, w = (a[..., 0, :, :] for a in _regression_kernel(ra, dtype, True, threads))
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
-    f = np.empty(ra.batch + (1, lq, dy), dtype)
-    w = np.empty(ra.batch + (1, lq, lk), dtype)
-    _core.nadaraya_watson(
-        query=xq,
-        key=xk,
-        value=y,
-        out=f,
-        weights=w,
-        bandwidth=ra.bandwidth,
-        kernel=KERNELS.index(ra.kernel),
-        num_threads=threads,
-    )
-    xq, xk, y, f, w = (a[..., 0, :, :] for a in (xq, xk, y, f, w))
     g = grad_out.astype(dtype, copy=False).reshape(ra.batch + (lq, dy))
     zero = dtype.type(0)
     nb, dim = int(np.prod(ra.batch)), xq.shape[-1]
