@@ -404,6 +404,10 @@ class MultiHeadAttention:
                 result = _core.sdpa_fast(q, k, v, None, None, causal, alignment, *fast)
             merged = result
             if result is None:
+                # The attention is checked in Python only here, after the fast path, as in
+                # scaled_dot_product_attention: the core declines what it cannot take and this
+                # says why. Built before the projections, the record would cost every decode
+                # step at least a tenth of its time.
                 args = layer_attention(q, k, v, attn_mask, vl, causal, alignment, self._sinks)
                 if scales is not None:
                     args.key_scale, args.value_scale = scales
