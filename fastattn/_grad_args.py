@@ -72,6 +72,8 @@ def varlen_backward_args(call: dict):
 def sum_to_shape(g: np.ndarray, shape: tuple) -> np.ndarray:
     """``g`` summed over the axes that broadcasting added to an array of ``shape``: its
     extra leading axes, and the axes where ``shape`` has size 1 and ``g`` does not."""
+    if g.shape == shape:  # nothing was broadcast (the common call)
+        return g
     lead = g.ndim - len(shape)
     if lead > 0:
         g = g.sum(axis=tuple(range(lead)))
