@@ -270,23 +270,14 @@ def _check_heads(k, v, hq: int, hkv: int, hv: int) -> None:
 
 
 def _layout(
-    query,
-    key,
-    value,
-    attn_mask,
-    valid_lens,
-    is_causal,
-    causal_alignment,
-    window,
-    weights=(),
-    same_features=True,
-    int8_kv=False,
+    query, key, value, attn_mask, masking: tuple, weights=(), same_features=True, int8_kv=False
 ) -> SdpaArgs:
     """The layout rules shared by every attention function (``scale``/``softcap`` left at
-    1 / None). ``same_features``: query and key must have the same feature size E >= 1
-    (else each is projected on its own). The dtypes of ``weights`` join the result's.
-    ``int8_kv``: key and value are int8 arrays (checked by the caller); the result has
-    the query's dtype."""
+    1 / None); ``masking``: the call's (valid_lens, is_causal, causal_alignment, window),
+    checked by :func:`_record`. ``same_features``: query and key must have the same
+    feature size E >= 1 (else each is projected on its own). The dtypes of ``weights``
+    join the result's. ``int8_kv``: key and value are int8 arrays (checked by the
+    caller); the result has the query's dtype."""
     q = float_array(query, "query")
     if int8_kv:
         k, v = key, value
@@ -318,25 +309,15 @@ def _layout(
     if len(batch) > _MAX_BATCH_DIMS:
         raise ValueError(f"at most 61 leading (batch) dims are supported, got {len(batch)}")
 
-    return _record(
-        q3,
-        k3,
-        v3,
-        batch,
-        (result, compute),
-        out_ndim,
-        attn_mask,
-        valid_lens,
-        is_causal,
-        causal_alignment,
-        window,
-    )
+    return _record(q3, k3, v3, batch, (result, compute), out_ndim, attn_mask, masking)
 
 
-def _record(q3, k3, v3, batch, dtypes, out_ndim, mask, lens, causal, alignment, window) -> SdpaArgs:
+def _record(q3, k3, v3, batch, dtypes, out_ndim, mask, masking: tuple) -> SdpaArgs:
     """The record of q/k/v whose shapes are checked (at least 3-D, batch dims ``batch``,
-    ``dtypes`` = (result, compute)): the result's size, and the masks, lengths, causality
-    and window checked against the scores the caller sees (``out_ndim`` dims)."""
+    ``dtypes`` = (result, compute)): the result's size, and the mask and ``masking`` (valid
+    lengths, causality, causal alignment, window) checked against the scores the caller
+    sees (``out_ndim`` dims)."""
+    lens, causal, alignment, window = masking
     lq, lk = q3.shape[-2], k3.shape[-2]
     full_out = batch + (q3.shape[-3], lq, v3.shape[-1])
     check_result_size(full_out, np.dtype(dtypes[1]).itemsize, "the result")
@@ -452,9 +433,8 @@ def sdpa_args(
             )
         ks = _kv_scale(key_scale, "key_scale", key)
         vs = _kv_scale(value_scale, "value_scale", value)
-    args = _layout(
-        query, key, value, attn_mask, valid_lens, is_causal, causal_alignment, window, int8_kv=int8
-    )
+    masking = (valid_lens, is_causal, causal_alignment, window)
+    args = _layout(query, key, value, attn_mask, masking, int8_kv=int8)
     if int8:
         if args.compute_dtype != np.float32:
             raise TypeError(
@@ -697,8 +677,8 @@ def additive_args(
         for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))
         if w is not None
     ]
-    layout = (valid_lens, is_causal, causal_alignment, window)
-    args = _layout(query, key, value, attn_mask, *layout, weights=ws, same_features=False)
+    masking = (valid_lens, is_causal, causal_alignment, window)
+    args = _layout(query, key, value, attn_mask, masking, weights=ws, same_features=False)
     return args, additive_weights(w_q, w_k, w_v, args.query.shape[-1], args.key.shape[-1])
 
 
@@ -751,10 +731,10 @@ def attention_spec(
     else:
         k = None
 
-    # The layout arguments, in the order every attention call's checks take them.
-    layout = (valid_lens, is_causal, causal_alignment, window)
+    # The masking arguments, in the order every attention call's checks take them.
+    masking = (valid_lens, is_causal, causal_alignment, window)
     if score == "additive":
-        args, aw = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, *layout)
+        args, aw = additive_args(query, key, value, w_q, w_k, w_v, attn_mask, *masking)
         return AttentionSpec(args, score, normalize, k, 1.0, additive=aw)
     if score == "general":
         if weight is None:
@@ -762,7 +742,7 @@ def attention_spec(
                 "score='general' needs weight= of shape (query features, key features)"
             )
         wt = float_array(weight, "weight", min_ndim=0)
-        args = _layout(query, key, value, attn_mask, *layout, weights=[wt], same_features=False)
+        args = _layout(query, key, value, attn_mask, masking, weights=[wt], same_features=False)
         eq, ek = args.query.shape[-1], args.key.shape[-1]
         if wt.shape != (eq, ek):
             raise ValueError(
@@ -776,7 +756,7 @@ def attention_spec(
         return AttentionSpec(args, score, normalize, k, 1.0, weight=wt)
 
     factor_scale = scale if score == "scaled_dot" else None
-    args = sdpa_args(query, key, value, attn_mask, *layout, factor_scale)
+    args = sdpa_args(query, key, value, attn_mask, *masking, factor_scale)
     dtype = args.compute_dtype
     if score == "dot":
         factor = 1.0
@@ -1050,9 +1030,8 @@ def layer_attention(q, k, v, attn_mask, valid_lens, is_causal, alignment, sinks)
     construction; the scales of int8 k/v are the caller's to set): the mask checked against
     the scores, the layer's ``sinks`` against the heads."""
     dtypes = result_dtypes(q)
-    args = _record(
-        q, k, v, q.shape[:1], dtypes, 4, attn_mask, valid_lens, is_causal, alignment, None
-    )
+    masking = (valid_lens, is_causal, alignment, None)
+    args = _record(q, k, v, q.shape[:1], dtypes, 4, attn_mask, masking)
     args.scale = _check_scale(None, args)
     if sinks is not None:
         args.sinks = check_head_values(sinks, "sinks", args.full_out_shape[:-2])
