@@ -67,13 +67,19 @@ class Tensor(ctypes.Structure):
     ]
 
 
+# The fields every argument struct of the header opens with.
+_ARGS_HEAD = [
+    ("struct_size", ctypes.c_size_t),
+    ("dtype", ctypes.c_int32),
+    ("num_threads", ctypes.c_int32),
+]
+
+
 class SdpaArgs(ctypes.Structure):
     """``fastattn_sdpa_args`` (see the header for every field's meaning)."""
 
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("dtype", ctypes.c_int32),
-        ("num_threads", ctypes.c_int32),
+        *_ARGS_HEAD,
         *(
             (name, Tensor)
             for name in ("q", "k", "v", "out", "bool_mask", "float_mask", "valid_lens", "lse")
@@ -92,9 +98,7 @@ class MaskedSoftmaxArgs(ctypes.Structure):
     """``fastattn_masked_softmax_args`` (see the header)."""
 
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("dtype", ctypes.c_int32),
-        ("num_threads", ctypes.c_int32),
+        *_ARGS_HEAD,
         *((name, Tensor) for name in ("x", "out", "mask", "valid_lens")),
     ]
 
@@ -105,9 +109,7 @@ class MergeStatesArgs(ctypes.Structure):
     NumPy dtype for Numba)."""
 
     _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("dtype", ctypes.c_int32),
-        ("num_threads", ctypes.c_int32),
+        *_ARGS_HEAD,
         ("num_parts", ctypes.c_int64),
         ("outputs", ctypes.c_void_p),
         ("lses", ctypes.c_void_p),
