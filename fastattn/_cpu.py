@@ -258,7 +258,7 @@ def nadaraya_watson(ra, want_weights: bool, out, threads: int):
     """A checked nadaraya_watson call (``ra``: its RegressionArgs)."""
     # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
     storage = storage_dtype(ra.result_dtype, ra.compute_dtype)
-    *_, result, weights = _regression_kernel(ra, storage, want_weights, threads)
+    _, _, _, result, weights = _regression_kernel(ra, storage, want_weights, threads)
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
     return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))
 
