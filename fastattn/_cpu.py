@@ -230,10 +230,14 @@ def attention(spec, want_weights: bool, out, threads: int):
 # nadaraya_watson
 
 
-def _regression_kernel(ra, storage, want_weights: bool, threads: int):
+def _regression_kernel(ra, want_weights: bool, threads: int, storage=None):
     """Run the nadaraya_watson kernel on a checked call with x_query, x_keys, y_values in
-    ``storage``: (xq, xk, y, output, weights or None) as it read and wrote them, each
-    (batch..., 1, L, D) (one head); the weights in the compute dtype."""
+    ``storage`` (default: the call's storage dtype, float16/bfloat16 arrays going to the
+    kernel as they are, widened as it reads them): (xq, xk, y, output, weights or None) as
+    it read and wrote them, each (batch..., 1, L, D) (one head); the weights in the compute
+    dtype."""
+    if storage is None:
+        storage = storage_dtype(ra.result_dtype, ra.compute_dtype)
     xq, xk, y = (
         to_batch(kernel_ready(a, storage), ra.batch, 2)[..., None, :, :]
         for a in (ra.x_query, ra.x_keys, ra.y_values)
@@ -256,9 +260,7 @@ def _regression_kernel(ra, storage, want_weights: bool, threads: int):
 
 def nadaraya_watson(ra, want_weights: bool, out, threads: int):
     """A checked nadaraya_watson call (``ra``: its RegressionArgs)."""
-    # float16/bfloat16 arrays go to the kernel as they are (it widens them as it reads them).
-    storage = storage_dtype(ra.result_dtype, ra.compute_dtype)
-    _, _, _, result, weights = _regression_kernel(ra, storage, want_weights, threads)
+    _, _, _, result, weights = _regression_kernel(ra, want_weights, threads)
     output = finish(result, ra.out_shape, ra.result_dtype, out, False)
     return pack(output, extra(weights, ra.weights_shape, weights_dtype(ra)))
 
@@ -375,7 +377,7 @@ def nadaraya_watson_backward(ra, grad_out, inputs, bandwidth, threads: int):
     output, then the chain rule in NumPy (blocked over query rows). ``inputs``: x_query,
     x_keys, y_values as the caller passed them; ``bandwidth`` as passed."""
     dtype = ra.compute_dtype
-    xq, xk, y, f, w = (a[..., 0, :, :] for a in _regression_kernel(ra, dtype, True, threads))
+    xq, xk, y, f, w = (a[..., 0, :, :] for a in _regression_kernel(ra, True, threads, dtype))
     lq, lk, dy = xq.shape[-2], xk.shape[-2], y.shape[-1]
     g = grad_out.astype(dtype, copy=False).reshape(ra.batch + (lq, dy))
     zero = dtype.type(0)
