@@ -197,14 +197,14 @@ inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int6
   }
 }
 
-// first(j): the first row r whose P and dS entries of the key tile at j may be nonzero
-// (the rows before it are skipped: their products are exact zeros); n: none is.
+// first(j, h): the first row r whose P and dS entries of the key tile [j, j + h) may be
+// nonzero (the rows before it are skipped: their products are exact zeros); n: none is.
 template <typename T, typename First>
 inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int64_t dpad, T* acc,
                      int64_t acc_ld, int64_t nrows, First first) {
   for (int64_t j = 0; j < nrows;) {
     const int R = tile_rows_next<T>(nrows - j);
-    const int64_t r0 = first(j);
+    const int64_t r0 = first(j, R);
     if (r0 < n) {
       const T* pj = p + r0 * p_ld + j;
       const RowsOperand<T> xr{x.x + r0 * x.ld, x.ld, x.chunk};
@@ -338,9 +338,20 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
     }
   }
   if (trim) {
-    const auto first = [&](int64_t j) {
+    // The first row tile whose columns reach the key tile, then past the rows that see
+    // none of its keys (a causal diagonal's upper rows): their P and dS there are zeros.
+    const auto first = [&](int64_t j, int h) {
+      int64_t r = R;
       for (int t = 0; t < rt.count; ++t)
-        if (rt.cols[t] > j) return rt.row0[t];
+        if (rt.cols[t] > j) {
+          r = rt.row0[t];
+          break;
+        }
+      const int64_t a = kb + j, b = kb + j + h;
+      for (; r < nrows; ++r) {
+        const RowRef<T, S>& row = sc.rows[r];
+        if (row.lo < row.hi && row.lo < b && row.hi > a) return r;
+      }
       return R;
     };
     pvt_tile(sc.s, SL, R, gox, pl.evp, sc.dvb, pl.evp, ncols, first);
@@ -351,7 +362,7 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
         pv_tile(sc.dp + r0 * SL, SL, inner, sc.kp, K, pl.ep, dq + r0 * pl.ep, pl.ep, h);
     }
   } else {
-    const auto first = [](int64_t) { return int64_t(0); };
+    const auto first = [](int64_t, int) { return int64_t(0); };
     pvt_tile(sc.s, SL, R, gox, pl.evp, sc.dvb, pl.evp, ncols, first);
     pvt_tile(sc.dp, SL, R, qx, pl.ep, sc.dkb, pl.ep, ncols, first);
     pv_tile(sc.dp, SL, n, sc.kp, K, pl.ep, dq, pl.ep, R);
