@@ -152,8 +152,9 @@ inline void prefetch_for_write(const void* p, int64_t bytes) {
 }
 
 // Whether engine E reads ahead (E::kPrefetchNext): it then has reads_ahead(p, plan), whether
-// it does in this call, and prefetch_task(coord), called with the thread's next task before
-// the current task's last key block, whose rows it then asks for during that block.
+// it does in this call (decided once here and handed to each thread's engine as `ahead`),
+// and prefetch_task(coord), called with the thread's next task before the current task's
+// last key block, whose rows it then asks for during that block.
 template <typename E, typename = void>
 struct prefetches_next : std::false_type {};
 template <typename E>
@@ -224,6 +225,7 @@ bool run_blocked(const typename Engine::Params& p, const Plan& plan,
   std::atomic<int64_t> next_item{0};
   parallel_region(threads, [&] {
     Engine eng(p, plan, shared);
+    if constexpr (prefetches_next<Engine>::value && !kSplit) eng.ahead = ahead;
     RowRef<T, S>* rows = nullptr;
     void* raw = arena_allocate([&](Arena& a) {
       rows = a.take<RowRef<T, S>>(plan.max_rows);

@@ -362,7 +362,7 @@ struct SdpaEngine {
   const float* vs = nullptr;
 
   SdpaEngine(const SdpaParams& params, const Plan& pl, const Shared& shared)
-      : p(params), plan(pl), sh(shared), ahead(!kThin && reads_ahead(params, pl)) {}
+      : p(params), plan(pl), sh(shared) {}
 
   void layout(Arena& a) { sc.layout(a, p, plan); }
 
@@ -376,7 +376,7 @@ struct SdpaEngine {
   int64_t cur_rows = 1;             // the current task's rows (the epilogue rows of its last block)
   int64_t task_hi = 0;              // past the last key any row of the current task sees
   int64_t cur_b = -1, cur_hk = -1;  // the current task's batch entry and kv head
-  bool ahead = false;               // whether this call reads ahead (reads_ahead)
+  bool ahead = false;               // whether this call reads ahead (set by run_blocked)
 
   static bool reads_ahead(const SdpaParams& p, const Plan& plan) {
     const int64_t heads_kv = batch_count(p) * p.num_heads_kv;
@@ -464,7 +464,7 @@ struct SdpaEngine {
     bool packed = false, v_packed = false, v_finite = true;
     sc.out_ahead = !kThin && plan.key_splits == 1 && kb + n >= task_hi;
     sc.next_block.clear();
-    if (!kThin && ahead && kb + n < task_hi) {
+    if (ahead && kb + n < task_hi) {
       const int64_t keys = imin(plan.block_k, task_hi - (kb + n));
       sc.next_block.add(k + n * p.k.row_stride, p.k.row_stride * int64_t(sizeof(KV)),
                         p.dim_q * int64_t(sizeof(KV)), keys);
