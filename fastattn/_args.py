@@ -3,7 +3,7 @@ CPU kernels, :mod:`fastattn._cuda`, :mod:`fastattn._dask`) and to the NumPy twin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
@@ -35,19 +35,45 @@ class SdpaArgs(AttentionCall):
     """A validated attention call. q/k/v are at least 3-D ``(..., H, L, E)``; ``attn_mask``
     (bool or float) broadcasts to the scores the caller sees, ``valid_lens`` (integer) is a
     prefix of their rows; ``out_shape``/``scores_shape`` are the shapes the caller sees,
-    ``full_*`` the same with every batch dim."""
+    ``full_*`` the same with every batch dim.
+
+    Made from q/k/v, their broadcast batch dims ``batch`` and the checked parts of the call:
+    ``dtypes`` = (result, compute), ``out_ndim`` = the rank of the result the caller sees,
+    ``masking`` = (attn_mask, valid_lens, is_causal, bottom_right, window, mask_summary)
+    (:func:`unmasked` for a call with none); the shapes and the causal diagonal's offset
+    follow from them. ``scale`` starts at 1: the caller sets the checked one."""
 
     batch: tuple
-    attn_mask: np.ndarray | None
-    valid_lens: np.ndarray | None
-    full_out_shape: tuple
-    diag_offset: int
+    dtypes: InitVar[tuple]
+    out_ndim: InitVar[int]
+    masking: InitVar[tuple]
+    result_dtype: np.dtype = field(init=False)
+    compute_dtype: np.dtype = field(init=False)
+    out_shape: tuple = field(init=False)
+    scale: float = 1.0
+    softcap: float | None = None
+    is_causal: bool = field(init=False)
+    window: tuple[int, int] = field(init=False)
+    attn_mask: np.ndarray | None = field(init=False)
+    valid_lens: np.ndarray | None = field(init=False)
+    full_out_shape: tuple = field(init=False)
+    diag_offset: int = field(init=False)
     # int8 key/value (a quantised cache): their float32 scales, shape key.shape[:-1].
     key_scale: np.ndarray | None = None
     value_scale: np.ndarray | None = None
     # The tile summary a BlockMask attn_mask carries (fastattn.block_mask), or None: the
     # SDPA kernel reads it instead of summarising the same mask again on every call.
-    mask_summary: object = None
+    mask_summary: object = field(init=False)
+
+    def __post_init__(self, dtypes: tuple, out_ndim: int, masking: tuple) -> None:
+        self.result_dtype, self.compute_dtype = dtypes
+        self.attn_mask, self.valid_lens, self.is_causal, bottom_right, *rest = masking
+        self.window, self.mask_summary = rest
+        lq, lk = self.query.shape[-2], self.key.shape[-2]
+        full = self.batch + (self.query.shape[-3], lq, self.value.shape[-1])
+        self.full_out_shape = full
+        self.out_shape = full[len(full) - out_ndim :]
+        self.diag_offset = (lk - lq) if bottom_right else 0
 
     @property
     def int8_kv(self) -> bool:
@@ -76,6 +102,12 @@ class SdpaArgs(AttentionCall):
     @property
     def scores_shape(self) -> tuple:
         return self.out_shape[:-1] + (self.key.shape[-2],)
+
+
+def unmasked(is_causal: bool, bottom_right: bool) -> tuple:
+    """The ``masking`` of an :class:`SdpaArgs` with no mask, no valid lengths and no window
+    (``-1`` = unbounded)."""
+    return None, None, is_causal, bottom_right, (-1, -1), None
 
 
 @dataclass(kw_only=True)

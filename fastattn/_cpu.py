@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastattn import _core
+from fastattn._args import SdpaArgs
 from fastattn._grad_args import grad_like, input_grad, regression_grads, unread_zeroed
 from fastattn._prepare import (
     attention_buffers,
@@ -74,6 +75,15 @@ def sdpa(args, out, want_lse: bool, want_weights: bool, threads: int):
     )
 
     return attention_result(args, out, result, in_place, lse, weights)
+
+
+def heads_attention(query, key, value, parts: dict, out, want_weights: bool, threads: int):
+    """The attention of a :class:`fastattn.MultiHeadAttention` call over its projected
+    heads (its arguments checked before they were projected): ``parts`` are the rest of its
+    record (:class:`fastattn._args.SdpaArgs`), ``out`` the ``(B, H, Lq, D)`` view its
+    result goes to. ``(out, weights)``."""
+    args = SdpaArgs(query=query, key=key, value=value, **parts)
+    return sdpa(args, out, False, want_weights, threads)
 
 
 def merge_attention_states(args, out, threads: int):

@@ -5,9 +5,10 @@ strided views of the projected arrays, handed to the CPU backend (:mod:`fastattn
 or the core's fast path for a decode step, as :func:`fastattn.scaled_dot_product_attention`
 takes it), which writes its result into a ``(B, L, H, D)`` buffer that the output
 projection reads as ``(B, L, E)``. So Q/K/V are never copied after they are projected. The
-layer's checks are :mod:`fastattn._validation`'s (a call's arguments, and the attention's
-record over the projected heads) and :mod:`fastattn._layer_checks`'s (its construction),
-shared with :func:`fastattn.reference.multi_head_attention`.
+layer's checks are :mod:`fastattn._validation`'s (a call's arguments and its attention's
+masking, all checked before anything is projected, against the shapes the heads will have)
+and :mod:`fastattn._layer_checks`'s (its construction), shared with
+:func:`fastattn.reference.multi_head_attention`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastattn import _core, _cpu, _dispatch, _sdpa, _threads
+from fastattn._args import unmasked
 from fastattn._checks import check_flag, check_size
 from fastattn._compute import average_heads
 from fastattn._dtypes import is_bfloat16
@@ -33,8 +35,9 @@ from fastattn._validation import (
     check_unbatched_mask,
     head_valid_lens,
     kv_cache_rows,
-    layer_attention,
+    layer_attention_kind,
     layer_inputs,
+    layer_masking,
 )
 
 if TYPE_CHECKING:
@@ -227,6 +230,8 @@ class MultiHeadAttention:
         self.bias = check_flag(bias, "bias")
         self.dtype = check_layer_dtype(dtype)
         self.head_dim = check_head_split(self.embed_dim, self.num_heads, self.num_kv_heads)
+        # The attention's (result, compute) dtypes and scale: the same for every call.
+        self._attention_dtypes, self._scale = layer_attention_kind(self.dtype, self.head_dim)
         try:
             rng = np.random.default_rng(seed)
         except (TypeError, ValueError):
@@ -363,6 +368,28 @@ class MultiHeadAttention:
                     b,
                     k_in.shape[1],
                 )
+            # A decode step the core's fast path may take, as scaled_dot_product_attention's.
+            fast = (
+                num_q == 1
+                and not want_weights
+                and attn_mask is None
+                and vl is None
+                and (kv_cache is None or not kv_cache.quantized)
+                and _sdpa._fast_path
+            )
+            alignment = "top_left" if kv_cache is None else "bottom_right"
+            masking = None
+            if not fast:
+                # The mask and valid_lens, checked against the scores the projected heads
+                # will have, before anything is projected. (A fast-path call has neither:
+                # checking nothing there spares every decode step the cost.)
+                masking = layer_masking(
+                    (b, self.num_heads, num_q, self.head_dim),
+                    k_in.shape[1] if kv_cache is None else stop,
+                    self._attention_dtypes[1],
+                    attn_mask,
+                    (vl, causal, alignment, None),
+                )
             q = self.q_proj.heads(q_in, self.num_heads)
             scales = None
             if kv_cache is None:
@@ -388,33 +415,32 @@ class MultiHeadAttention:
                 k = kv_cache._key[:, :, :stop]
                 v = kv_cache._value[:, :, :stop]
 
-            alignment = "top_left" if kv_cache is None else "bottom_right"
             result = None
-            if (
-                num_q == 1
-                and not want_weights
-                and attn_mask is None
-                and vl is None
-                and scales is None
-                and _sdpa._fast_path
-            ):
-                # A decode step: the core's fast path, as scaled_dot_product_attention takes
-                # it (None: it declines). Its (B, H, 1, D) result lies as (B, 1, H * D).
-                fast = (None, None, None, False, False, None, num_threads, self._sinks, None)
-                result = _core.sdpa_fast(q, k, v, None, None, causal, alignment, *fast)
+            if fast:
+                # The core's fast path, as scaled_dot_product_attention takes it (None: it
+                # declines). Its (B, H, 1, D) result lies as (B, 1, H * D).
+                rest = (None, None, None, False, False, None, num_threads, self._sinks, None)
+                result = _core.sdpa_fast(q, k, v, None, None, causal, alignment, *rest)
             merged = result
             if result is None:
-                # The attention is checked in Python only here, after the fast path, as in
-                # scaled_dot_product_attention: the core declines what it cannot take and this
-                # says why. Built before the projections, the record would cost every decode
-                # step at least a tenth of its time.
-                args = layer_attention(q, k, v, attn_mask, vl, causal, alignment, self._sinks)
+                # The record over the projected heads, of what was checked above (a declined
+                # fast-path call: no mask, no valid_lens, nothing to check).
+                parts = {
+                    "batch": (b,),
+                    "dtypes": self._attention_dtypes,
+                    "out_ndim": 4,
+                    "masking": masking or unmasked(causal, kv_cache is not None),
+                    "scale": self._scale,
+                    "sinks": self._sinks,
+                }
                 if scales is not None:
-                    args.key_scale, args.value_scale = scales
+                    parts["key_scale"], parts["value_scale"] = scales
                 # The kernel writes (B, H, Lq, D) into a (B, Lq, H, D) buffer: merged heads.
                 merged = np.empty((b, num_q, self.num_heads, self.head_dim), dt)
                 threads = _threads.resolve(num_threads)
-                result = _cpu.sdpa(args, merged.swapaxes(1, 2), False, want_weights, threads)
+                result = _cpu.heads_attention(
+                    q, k, v, parts, merged.swapaxes(1, 2), want_weights, threads
+                )
             if kv_cache is not None:
                 kv_cache.length = stop  # only once the call has succeeded
             out = self.out_proj._apply(merged.reshape(b, num_q, self.embed_dim))

@@ -312,34 +312,32 @@ def _layout(
     return _record(q3, k3, v3, batch, (result, compute), out_ndim, attn_mask, masking)
 
 
+def _masking(full_out: tuple, lk: int, compute_dtype, out_ndim: int, mask, masking: tuple):
+    """The checked ``masking`` of an attention call's :class:`fastattn._args.SdpaArgs`, from
+    the shapes alone: the result ``full_out`` (every batch dim; its size in ``compute_dtype``
+    checked) over ``lk`` keys, the mask and ``masking`` (valid lengths, causality, causal
+    alignment, window) checked against the scores the caller sees (``out_ndim`` dims)."""
+    lens, causal, alignment, window = masking
+    check_result_size(full_out, np.dtype(compute_dtype).itemsize, "the result")
+    scores = full_out[len(full_out) - out_ndim : -1] + (lk,)
+    return (
+        None if mask is None else check_attn_mask(mask, "attn_mask", scores),
+        None if lens is None else check_valid_lens(lens, scores[:-1], lk),
+        check_flag(causal, "is_causal"),
+        check_alignment(alignment) == "bottom_right",
+        check_window(window),
+        _block_summary(mask),
+    )
+
+
 def _record(q3, k3, v3, batch, dtypes, out_ndim, mask, masking: tuple) -> SdpaArgs:
     """The record of q/k/v whose shapes are checked (at least 3-D, batch dims ``batch``,
-    ``dtypes`` = (result, compute)): the result's size, and the mask and ``masking`` (valid
-    lengths, causality, causal alignment, window) checked against the scores the caller
-    sees (``out_ndim`` dims)."""
-    lens, causal, alignment, window = masking
-    lq, lk = q3.shape[-2], k3.shape[-2]
-    full_out = batch + (q3.shape[-3], lq, v3.shape[-1])
-    check_result_size(full_out, np.dtype(dtypes[1]).itemsize, "the result")
-    out_shape = full_out[len(full_out) - out_ndim :]
-    scores = out_shape[:-1] + (lk,)
+    ``dtypes`` = (result, compute)), with the mask and ``masking`` checked by
+    :func:`_masking`."""
+    full_out = batch + (q3.shape[-3], q3.shape[-2], v3.shape[-1])
+    checked = _masking(full_out, k3.shape[-2], dtypes[1], out_ndim, mask, masking)
     return SdpaArgs(
-        query=q3,
-        key=k3,
-        value=v3,
-        batch=batch,
-        attn_mask=None if mask is None else check_attn_mask(mask, "attn_mask", scores),
-        valid_lens=None if lens is None else check_valid_lens(lens, scores[:-1], lk),
-        result_dtype=dtypes[0],
-        compute_dtype=dtypes[1],
-        out_shape=out_shape,
-        full_out_shape=full_out,
-        scale=1.0,
-        softcap=None,
-        is_causal=check_flag(causal, "is_causal"),
-        diag_offset=(lk - lq) if check_alignment(alignment) == "bottom_right" else 0,
-        window=check_window(window),
-        mask_summary=_block_summary(mask),
+        query=q3, key=k3, value=v3, batch=batch, dtypes=dtypes, out_ndim=out_ndim, masking=checked
     )
 
 
@@ -362,13 +360,13 @@ def quantize_args(x: object, axis: object) -> tuple[np.ndarray, int]:
     return a, int(axis) % a.ndim
 
 
-def _check_scale(scale: object, args: SdpaArgs) -> float:
-    """``scale`` (default ``1 / sqrt(E)``), finite in the compute dtype."""
-    value = 1.0 / math.sqrt(args.query.shape[-1]) if scale is None else check_real(scale, "scale")
-    limit = _FINFO_MAX[args.compute_dtype]
+def _check_scale(scale: object, head_dim: int, compute_dtype: np.dtype) -> float:
+    """``scale`` (default ``1 / sqrt(head_dim)``), finite in the compute dtype."""
+    value = 1.0 / math.sqrt(head_dim) if scale is None else check_real(scale, "scale")
+    limit = _FINFO_MAX[compute_dtype]
     if abs(value) > limit:
         raise ValueError(
-            f"scale must be finite in {args.compute_dtype} (|scale| <= {limit:.3g}), got {scale}"
+            f"scale must be finite in {compute_dtype} (|scale| <= {limit:.3g}), got {scale}"
         )
     return value
 
@@ -443,7 +441,7 @@ def sdpa_args(
             )
         args.key_scale = ks if ks.ndim >= 2 else ks[None]
         args.value_scale = vs if vs.ndim >= 2 else vs[None]
-    args.scale = _check_scale(scale, args)
+    args.scale = _check_scale(scale, args.query.shape[-1], args.compute_dtype)
     args.softcap = _check_softcap(softcap, args.compute_dtype)
     heads = args.full_out_shape[:-2]
     if sinks is not None:
@@ -544,7 +542,7 @@ def varlen_args(
         bottom_right=causal_alignment == "bottom_right",
         window=check_window(window),
     )
-    args.scale = _check_scale(scale, args)
+    args.scale = _check_scale(scale, args.query.shape[-1], args.compute_dtype)
     args.softcap = _check_softcap(softcap, compute)
     if sinks is not None:
         args.sinks = check_head_values(sinks, "sinks", (hq,))
@@ -1024,15 +1022,16 @@ def kv_cache_rows(
     return start, stop
 
 
-def layer_attention(q, k, v, attn_mask, valid_lens, is_causal, alignment, sinks) -> SdpaArgs:
-    """The attention of a layer call whose inputs are checked, over its projected
-    heads ``q (B, Hq, Lq, D)``, ``k``/``v (B, Hkv, Lk, D)`` (shapes and dtypes right by
-    construction; the scales of int8 k/v are the caller's to set): the mask checked against
-    the scores, the layer's ``sinks`` against the heads."""
-    dtypes = result_dtypes(q)
-    masking = (valid_lens, is_causal, alignment, None)
-    args = _record(q, k, v, q.shape[:1], dtypes, 4, attn_mask, masking)
-    args.scale = _check_scale(None, args)
-    if sinks is not None:
-        args.sinks = check_head_values(sinks, "sinks", args.full_out_shape[:-2])
-    return args
+def layer_attention_kind(dtype: np.dtype, head_dim: int) -> tuple[tuple, float]:
+    """What every call of a layer of ``dtype`` and ``head_dim`` attends with, checked once
+    when the layer is made: the (result, compute) dtypes and the scale ``1 / sqrt(D)``."""
+    dtypes = result_dtypes(np.empty(0, dtype))
+    return dtypes, _check_scale(None, head_dim, dtypes[1])
+
+
+def layer_masking(out_shape: tuple, num_keys: int, compute_dtype, attn_mask, masking: tuple):
+    """The masking of a layer call's attention (``masking``: valid_lens, is_causal,
+    causal_alignment, window), checked before anything is projected against the scores
+    ``(B, H, Lq, Lk)`` its heads will have: ``out_shape`` ``(B, H, Lq, D)``, ``Lk =
+    num_keys``. The record over the projected heads is made of it."""
+    return _masking(out_shape, num_keys, compute_dtype, 4, attn_mask, masking)

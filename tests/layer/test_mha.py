@@ -550,6 +550,35 @@ def test_dtypes():
     np.testing.assert_array_equal(layer64(big_endian), layer64(x64))
 
 
+def test_decode_steps_the_fast_path_declines(monkeypatch):
+    """A decode step that the core's fast path is offered but declines (it takes sinks in
+    the compute dtype only, and a float16 layer keeps them in float16) is computed from the
+    record checked before projecting, and num_threads=0 there gets the full path's error
+    with the cache unchanged."""
+    offered = []
+
+    def spy(*args):
+        offered.append(fast_path(*args))
+        return offered[-1]
+
+    fast_path = fastattn._core.sdpa_fast
+    monkeypatch.setattr(fastattn._core, "sdpa_fast", spy)
+    monkeypatch.setattr(fastattn._sdpa, "_fast_path", True)  # (FASTATTN_FAST_PATH=0 runs)
+    rng = np.random.default_rng()
+    layer = random_biases(MHA(16, 4, num_kv_heads=2, dtype=np.float16, use_sinks=True), rng)
+    layer.sinks = randn(rng, (4,))
+    x = randn(rng, (2, 5, 16), np.float16)
+    cache = layer.new_kv_cache(batch=2, max_len=8)
+    layer(x[:, :4], kv_cache=cache, is_causal=True)
+    step = layer(x[:, 4:], kv_cache=cache)
+    assert offered == [None]  # offered, declined
+    want = reference_call(layer, x, is_causal=True, sinks=layer.sinks)[:, 4:]
+    assert_close(step, want, mha_tolerances(layer, x)[0])
+    with pytest.raises(ValueError, match="num_threads must be >= 1, got 0"):
+        layer(x[:, 4:], kv_cache=cache, num_threads=0)
+    assert len(cache) == 5 and offered == [None, None]
+
+
 def test_empty_sequences():
     layer = random_biases(MHA(8, 2, seed=0), np.random.default_rng(0))
     assert layer(np.ones((2, 0, 8), np.float32)).shape == (2, 0, 8)
