@@ -113,6 +113,49 @@ inline void vstore_partial(T* p, Vec<T> v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = v[i];
 }
 
+// Stores v at p, which is aligned to a whole vector, with a non-temporal store where the
+// ISA has one (x86: the line goes to memory without being read into the caches first and
+// without evicting what they hold), a plain store elsewhere. For a large result written once
+// and not read again by the kernel; stream_fence() after the last one orders them before
+// the thread's later stores.
+template <typename T>
+inline void vstore_stream(T* p, Vec<T> v) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(v) == 64) {
+    if constexpr (sizeof(T) == 4)
+      _mm512_stream_ps(p, (__m512)v);
+    else
+      _mm512_stream_pd(p, (__m512d)v);
+    return;
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(v) == 32) {
+    if constexpr (sizeof(T) == 4)
+      _mm256_stream_ps(p, (__m256)v);
+    else
+      _mm256_stream_pd(p, (__m256d)v);
+    return;
+  }
+#endif
+#if defined(__SSE2__)
+  if constexpr (sizeof(v) == 16) {
+    if constexpr (sizeof(T) == 4)
+      _mm_stream_ps(p, (__m128)v);
+    else
+      _mm_stream_pd(p, (__m128d)v);
+    return;
+  }
+#endif
+  vstore(p, v);
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
 // x - 0, not 0 + x: x - 0 is x for every x (-0 included), so it compiles to a bare
 // broadcast; 0 + x turns -0 into +0, so the compiler must do that addition (a scalar add
 // before every broadcast in the multiply-add loops).

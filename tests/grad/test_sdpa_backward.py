@@ -181,6 +181,24 @@ def test_long_head_matches_reference(isa):
     _check(got, want, np.float64)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_key_gradients_match_reference(isa, dtype):
+    """dK and dV of 4 MiB or more are written out with non-temporal stores: 1 head,
+    Lk = 8200 (a last key block of 8), E = 64, bottom-right aligned; float64 causal, float32
+    a window of 21 keys (each dQ entry a sum of at most 40 terms, as the tolerance assumes)."""
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((1, 24, 64)).astype(dtype)
+    k, v = (rng.standard_normal((1, 8200, 64)).astype(dtype) for _ in range(2))
+    kw = {"causal_alignment": "bottom_right"}
+    kw.update({"is_causal": True} if dtype == np.float64 else {"window": (20, 0)})
+    out, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+    want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+    assert np.abs(got[1][0, -40:]).min() > 0  # keys the rows see: written, not left zero
+    _check(got, want, dtype)
+
+
 def test_block_mask_gives_the_plain_masks_gradients():
     rng = np.random.default_rng(5)
     lq = lk = 256
