@@ -351,6 +351,11 @@ inline bool pack_values(const S* v, int64_t row_stride, int64_t n, int64_t head_
 // takes its terms in order, one fused multiply-add at a time, so the tile shape changes
 // no bit.
 //
+// The loops over head_dim (scores) and keys (P V) are unrolled 4 times: one pointer step
+// and one compare-and-branch per 4 * 2R fused multiply-adds instead of per 2R, which
+// otherwise now and then take a slot of an FMA port (measured, one thread, avx2: GQA
+// 32/8 1024^2 E128 1-1.5 % less CPU time, 4x12 512^2 E64 1 %; avx512 no slower).
+//
 // AVX2 (16 ymm registers, no embedded broadcast): tiles of 6 rows where the rows allow,
 // 12 accumulators + 2 column vectors + 1 broadcast. The 4-row tile's 8 accumulators only
 // just cover two FMA ports of latency 4, so every broadcast, load or loop step that
@@ -387,6 +392,7 @@ inline void scores_rows(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
   for (int64_t c = 0; c < ncols; c += CT) {
     const T* panel = kt + (c / CT) * head_dim * CT;
     V acc[R][2] = {};
+#pragma GCC unroll 4  // (see above)
     for (int64_t e = 0; e < head_dim; ++e) {
       const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
       for (int rr = 0; rr < R; ++rr) {
@@ -419,6 +425,7 @@ inline void scores_rows_col(const T* q, int64_t head_dim, const T* panel, T* s, 
   using V = typename VecOf<T>::type;
   constexpr int L = kLanes<T>, CT = kColTile<T>;
   V acc[R][2] = {};
+#pragma GCC unroll 4  // (see above)
   for (int64_t e = 0; e < head_dim; ++e) {
     const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
     for (int rr = 0; rr < R; ++rr) {
@@ -503,6 +510,7 @@ inline void pv_rows(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
       a[rr][0] = vload(acc + rr * acc_ld + c);
       a[rr][1] = vload(acc + rr * acc_ld + c + L);
     }
+#pragma GCC unroll 4  // (see above)
     for (int64_t j = 0; j < n; ++j) {
       const V v0 = vload(panel + j * CT), v1 = vload(panel + j * CT + L);
       for (int rr = 0; rr < R; ++rr) {
