@@ -160,32 +160,38 @@ inline V exp2_approx_vec(V x) {
   using Tr = Exp2Traits<T>;
   typedef typename Tr::UBits UBitsV __attribute__((vector_size(sizeof(V))));
   // Clamp to [kMin - 1, kMax]: n = kMin - 1 gives a zero exponent field, so the result
-  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select (AVX-512: by a mask,
-  // below). A NaN passes the
+  // is exactly 0 there (2^-inf = 0, denormals flushed) with no select. A NaN passes the
   // clamps (written so they compile to max/min) and the polynomial keeps it NaN.
   const V lo = V{} + (Tr::kMin - 1), hi = V{} + Tr::kMax;
-  V xc = vmax(lo, x);  // x < lo ? lo : x (a NaN x kept: vmax gives its second operand)
-  if constexpr (!kNonPositive) xc = vmin(hi, xc);
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
-    // The same n, polynomial and product in three fewer instructions: n rounded by one,
-    // poly * 2^n by scalef (a power-of-two scaling rounded once, as the multiply is), and
-    // the n = kMin - 1 lanes zeroed as the zero exponent field zeroes them below (a NaN
-    // lane compares unequal, so it is kept).
+    // The same n, polynomial and product in fewer instructions on the vector ports (the
+    // ports the FMAs use): the fraction f = x - n by one vreduce (exact, AVX512-DQ; one
+    // instruction where a roundscale is two on Intel cores) and n = x - f (exact); poly *
+    // 2^n by scalef (a power-of-two scaling rounded once, as the multiply is); and the
+    // lanes the clamp would have set to n = kMin - 1 (n <= kMin - 1, -inf included: its
+    // f is 0) zeroed by a mask instead of clamped (a NaN lane compares unordered, so it
+    // is kept), the lower clamp's max saved.
+    V xc = x;
+    if constexpr (!kNonPositive) xc = vmin(hi, xc);
     constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     if constexpr (sizeof(T) == 4) {
-      const __m512 n = _mm512_roundscale_ps((__m512)xc, kNearest);
-      const V poly = exp2_poly<T, kToBf16>(xc - (V)n);
-      const __mmask16 keep = _mm512_cmp_ps_mask(n, (__m512)lo, _CMP_NEQ_UQ);
+      const __m512 f = _mm512_reduce_ps((__m512)xc, kNearest);
+      const __m512 n = _mm512_sub_ps((__m512)xc, f);
+      const V poly = exp2_poly<T, kToBf16>((V)f);
+      const __mmask16 keep = _mm512_cmp_ps_mask(n, (__m512)lo, _CMP_NLE_UQ);
       return (V)_mm512_maskz_scalef_ps(keep, (__m512)poly, n);
     } else {
-      const __m512d n = _mm512_roundscale_pd((__m512d)xc, kNearest);
-      const V poly = exp2_poly<T, kToBf16>(xc - (V)n);
-      const __mmask8 keep = _mm512_cmp_pd_mask(n, (__m512d)lo, _CMP_NEQ_UQ);
+      const __m512d f = _mm512_reduce_pd((__m512d)xc, kNearest);
+      const __m512d n = _mm512_sub_pd((__m512d)xc, f);
+      const V poly = exp2_poly<T, kToBf16>((V)f);
+      const __mmask8 keep = _mm512_cmp_pd_mask(n, (__m512d)lo, _CMP_NLE_UQ);
       return (V)_mm512_maskz_scalef_pd(keep, (__m512d)poly, n);
     }
   }
 #endif
+  V xc = vmax(lo, x);  // x < lo ? lo : x (a NaN x kept: vmax gives its second operand)
+  if constexpr (!kNonPositive) xc = vmin(hi, xc);
   // n = xc rounded to nearest (ties to even) by adding kRound = 1.5 * 2^mantissa: the sum
   // lies in [2^mantissa, 2^(mantissa+1)), where the spacing is 1, so its low bits hold n
   // (kRound's own bits there are 0) and shifting them, biased, into the exponent field

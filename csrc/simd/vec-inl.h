@@ -502,6 +502,27 @@ inline Vec<T> add_lane_pairs(Vec<T> x) {
 template <typename T>
 inline T reduce_add(Vec<T> x) {
   static_assert(std::is_floating_point_v<T>, "lanes of a float or double vector");
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64) {
+    // add_lane_pairs' rounds (partners i ^ 1, i ^ 2, ...) spelled as intrinsics, so they
+    // are inlined where the softmax sums a row (GCC kept the generic recursion out of line:
+    // a call per row and key block). The same sums, so the same bits.
+    if constexpr (sizeof(T) == 4) {
+      __m512 v = (__m512)x;
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));        // lane i ^ 1
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));        // i ^ 2
+      v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // i ^ 4
+      v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // i ^ 8
+      return _mm512_cvtss_f32(v);
+    } else {
+      __m512d v = (__m512d)x;
+      v = _mm512_add_pd(v, _mm512_permute_pd(v, 0x55));        // lane i ^ 1
+      v = _mm512_add_pd(v, _mm512_shuffle_f64x2(v, v, 0xb1));  // i ^ 2
+      v = _mm512_add_pd(v, _mm512_shuffle_f64x2(v, v, 0x4e));  // i ^ 4
+      return _mm512_cvtsd_f64(v);
+    }
+  }
+#endif
   return add_lane_pairs<T>(x)[0];
 }
 
@@ -587,6 +608,30 @@ template <typename T>
 // Max of the lanes, NaN lanes ignored (-inf for a vector of NaNs).
 template <typename T>
 inline T reduce_max(Vec<T> v) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(Vec<T>) == 64) {
+    // A tree (halves, then quarters, ...: 4 shuffles and maxes for float) instead of 16
+    // dependent scalar maxes, once per row and key block in the softmax. NaN lanes become
+    // -inf first (vmax keeps its second operand when the first is NaN), then max is exact,
+    // so the same value comes out (a tie of +0 and -0 may pick the other zero, which no
+    // softmax use of the max tells apart: s - m, exp2 and m + log l see the same numbers).
+    v = vmax(v, Vec<T>{} - T(__builtin_inf()));
+    if constexpr (sizeof(T) == 4) {
+      __m512 x = (__m512)v;
+      x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));  // blocks 2,3,0,1
+      x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));  // blocks 1,0,3,2
+      x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));        // lanes 2,3,0,1
+      x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));        // lanes 1,0,3,2
+      return _mm512_cvtss_f32(x);
+    } else {
+      __m512d x = (__m512d)v;
+      x = _mm512_max_pd(x, _mm512_shuffle_f64x2(x, x, 0x4e));
+      x = _mm512_max_pd(x, _mm512_shuffle_f64x2(x, x, 0xb1));
+      x = _mm512_max_pd(x, _mm512_permute_pd(x, 0x55));
+      return _mm512_cvtsd_f64(x);
+    }
+  }
+#endif
   T m = -T(__builtin_inf());
   for (int lane = 0; lane < kLanes<T>; ++lane) m = v[lane] > m ? v[lane] : m;
   return m;
