@@ -429,7 +429,9 @@ class MultiHeadAttention:
                     "batch": (b,),
                     "dtypes": self._attention_dtypes,
                     "out_ndim": 4,
-                    "masking": masking or unmasked(causal, kv_cache is not None),
+                    "masking": (
+                        unmasked(causal, kv_cache is not None) if masking is None else masking
+                    ),
                     "scale": self._scale,
                     "sinks": self._sinks,
                 }
