@@ -36,10 +36,13 @@ inline T softmax_new_max(T mx, T m_old) {
 }
 
 // The row max moved from m_old to m_new: rescale the unnormalised output acc[0:dv) and
-// the sum *l (only when the max grew; e^-inf = 0 on first use), then add the block's sum.
+// the sum *l (only when the max grew), then add the block's sum. Not on a row's first
+// visible block (m_old = -inf): nothing has been added to acc and l yet but products of
+// zero probabilities, so they hold +0 (or NaN from 0 * inf), which the factor e^-inf = 0
+// would leave as they are; skipping it saves a scalar exp2 and a pass over acc per row.
 template <typename T>
 inline void softmax_rescale_add(T m_old, T m_new, T block_sum, T* acc, int64_t dv, T* l) {
-  if (m_new != m_old) {
+  if (m_new != m_old && m_old != -T(__builtin_inf())) {
     const T alpha = softmax_exp(m_old, m_new);
     for (int64_t c = 0; c < dv; ++c) acc[c] *= alpha;
     *l *= alpha;
