@@ -128,7 +128,9 @@ struct RowPrefetch {
       run[nrun++] = Run{static_cast<const char*>(base), stride, bytes, rows};
   }
   // Asks for the next per_step lines (a row's lines from its first byte's line to its last).
-  void step() {
+  // Always inlined: the SDPA epilogue calls it twice per row, and as calls these cost a
+  // vzeroupper and spills around them on every row.
+  [[gnu::always_inline]] void step() {
     for (int64_t i = 0; i < per_step && at < nrun; ++i) {
       const Run& u = run[at];
       const char* r = u.base + row * u.stride;
