@@ -354,3 +354,50 @@ def test_empty_shapes_computed_without_the_reference(seed, empty, mask, causal, 
     ):
         got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
     _check(got, want, np.float64)
+
+
+def test_every_gradient_entry_written(isa, monkeypatch):
+    """The gradients are allocated uninitialised (np.empty) and the kernel writes every
+    entry, zeros included: with np.empty handing out NaN-filled arrays, still the
+    reference's gradients. Rows with no visible key (valid_lens 0), keys no row sees
+    (top-left causal, Lk > Lq), a padded dQ accumulator (E = 40), a long head's key chunks,
+    GQA, and varlen sequences without queries or keys."""
+    real_empty = np.empty
+
+    def nan_empty(shape, dtype=float, **kw):
+        a = real_empty(shape, dtype, **kw)
+        a.fill(np.nan)
+        return a
+
+    rng = np.random.default_rng(9)
+    for dt, hq, hkv, lq, lk, e, kw in (
+        (
+            np.float64,
+            4,
+            2,
+            70,
+            150,
+            40,
+            {"is_causal": True, "valid_lens": np.array([0, 3, 150, 9])},
+        ),
+        (np.float32, 1, 1, 40, 700, 64, {"window": (30, 0), "causal_alignment": "bottom_right"}),
+    ):
+        q = rng.standard_normal((hq, lq, e)).astype(dt)
+        k, v = (rng.standard_normal((hkv, lk, e)).astype(dt) for _ in range(2))
+        out, lse = fastattn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        g = rng.standard_normal(out.shape).astype(dt)
+        with monkeypatch.context() as m:
+            m.setattr(np, "empty", nan_empty)
+            got = fastattn.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+        want = reference.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw)
+        _check(got, want, dt)
+    cu_q, cu_k = np.array([0, 0, 30, 30, 75]), np.array([0, 20, 60, 60, 120])
+    q = rng.standard_normal((75, 2, 16))
+    k, v = (rng.standard_normal((120, 1, 16)) for _ in range(2))
+    out, lse = fastattn.varlen_attention(q, k, v, cu_q, cu_k, is_causal=True, return_lse=True)
+    g = rng.standard_normal(out.shape)
+    with monkeypatch.context() as m:
+        m.setattr(np, "empty", nan_empty)
+        got = fastattn.varlen_attention_backward(g, q, k, v, out, lse, cu_q, cu_k, is_causal=True)
+    want = reference.varlen_attention_backward(g, q, k, v, out, lse, cu_q, cu_k, is_causal=True)
+    _check(got, want, np.float64)
