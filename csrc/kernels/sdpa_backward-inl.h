@@ -237,6 +237,7 @@ struct RowTiles {
   int count = 0;
   int64_t row0[kMaxTiles + 1];
   int64_t cols[kMaxTiles];
+  int64_t seen[kMaxTiles];  // keys up to the last one the tile's rows see (cols unrounded)
 };
 
 // The pair's row tiles, or false when its tiles all need every column (or too many).
@@ -256,6 +257,7 @@ inline bool trim_row_tiles(const RowRef<T, S>* rows, int64_t nrows, int64_t R, i
     if (cols < last) return false;
     any_short = any_short || cols < ncols;
     rt->row0[rt->count] = r;
+    rt->seen[rt->count] = imin(seen, cols);
     rt->cols[rt->count++] = last = cols;
     r += h;
   }
@@ -318,24 +320,27 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
       std::memset(dp, 0, size_t(read) * sizeof(T));
       continue;
     }
-    if (read > cols) {
-      std::memset(s + cols, 0, size_t(read - cols) * sizeof(T));
-      std::memset(dp + cols, 0, size_t(read - cols) * sizeof(T));
+    // The row's own columns, to the vector holding its last visible key: past them its
+    // weights and dS are zeros (as the exp below would leave them), stored as such.
+    const int64_t own = imin(cols, round_up(jhi, L));
+    if (read > own) {
+      std::memset(s + own, 0, size_t(read - own) * sizeof(T));
+      std::memset(dp + own, 0, size_t(read - own) * sizeof(T));
     }
     T* th = sc.th + r * SL;
     if (capped)
-      for (int64_t j = 0; j < cols; j += L) {
+      for (int64_t j = 0; j < own; j += L) {
         const V t = tanh_approx_vec<T>(vload(s + j) * inv_cap);
         vstore(th + j, t);
         vstore(s + j, cap * t);
       }
     if (row->chunks)
-      mask_row_chunked(p, *row, kb, jlo, jhi, 0, cols, s);
+      mask_row_chunked(p, *row, kb, jlo, jhi, 0, own, s);
     else
-      mask_row(p, row->fmask, row->bmask, kb, jlo, jhi, cols, s);
-    if (row->slope) alibi_row_max(*row->slope, kb - row->diag, cols, s);
+      mask_row(p, row->fmask, row->bmask, kb, jlo, jhi, own, s);
+    if (row->slope) alibi_row_max(*row->slope, kb - row->diag, own, s);
     const T delta = sc.delta[r];
-    for (int64_t j = 0; j < cols; j += L) {
+    for (int64_t j = 0; j < own; j += L) {
       const V e = exp2_approx_vec<T>((vload(s + j) - lse) * T(kLog2e));
       V ds = e * (vload(dp + j) - delta);
       if (capped) {
@@ -366,8 +371,9 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
     };
     pvt_tile(sc.s, SL, R, gox, pl.evp, sc.dvb, pl.evp, ncols, first);
     pvt_tile(sc.dp, SL, R, qx, pl.ep, sc.dkb, pl.ep, ncols, first);
+    // dQ: each row tile's keys up to the last its rows see (dS is 0 past it).
     for (int t = 0; t < rt.count; ++t) {
-      const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0, inner = imin(rt.cols[t], n);
+      const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0, inner = imin(rt.seen[t], n);
       if (inner > 0)
         pv_tile(sc.dp + r0 * SL, SL, inner, sc.kp, K, pl.ep, dq + r0 * pl.ep, pl.ep, h);
     }
