@@ -240,6 +240,37 @@ struct RowTiles {
   int64_t seen[kMaxTiles];  // keys up to the last one the tile's rows see (cols unrounded)
 };
 
+// scores_rows' first vector of one column tile (its panel) for R rows, each element's
+// terms in the same order: the tile's second half, which no row sees, is not scored.
+template <typename T, int R>
+inline void scores_rows_half(const T* q, int64_t head_dim, const T* panel, T* s, int64_t s_ld) {
+  using V = Vec<T>;
+  constexpr int CT = kColTile<T>;
+  V acc[R] = {};
+  for (int64_t e = 0; e < head_dim; ++e) {
+    const V k0 = vload(panel + e * CT);
+    for (int rr = 0; rr < R; ++rr) acc[rr] = vfma(vbroadcast(q[rr * head_dim + e]), k0, acc[rr]);
+  }
+  for (int rr = 0; rr < R; ++rr) vstore(s + rr * s_ld, acc[rr]);
+}
+
+// scores_tile for one register tile of h rows over cols columns (whole column tiles) of
+// which its rows see the first seen: a last column tile whose second vector none of them
+// sees is scored half (its rows' exp loop stops before it, pair_block).
+template <typename T>
+inline void scores_tile_seen(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld, int h,
+                             int64_t cols, int64_t seen) {
+  constexpr int CT = kColTile<T>, L = kLanes<T>;
+  const int64_t whole = seen <= cols - CT + L ? cols - CT : cols;
+  if (whole > 0) scores_tile(q, head_dim, kt, s, s_ld, h, whole);
+  if (whole == cols) return;
+  const T* panel = kt + (whole / CT) * head_dim * CT;
+  if (h == kRowTile)
+    scores_rows_half<T, kRowTile>(q, head_dim, panel, s + whole, s_ld);
+  else
+    scores_rows_half<T, kWideRowTile<T>>(q, head_dim, panel, s + whole, s_ld);
+}
+
 // The pair's row tiles, or false when its tiles all need every column (or too many).
 template <typename T, typename S>
 inline bool trim_row_tiles(const RowRef<T, S>* rows, int64_t nrows, int64_t R, int64_t kb,
@@ -296,8 +327,10 @@ inline void pair_block(const AttnParams& p, double softcap, const BwdPlan& pl, B
     for (int t = 0; t < rt.count; ++t) {
       const int64_t r0 = rt.row0[t], h = rt.row0[t + 1] - r0;
       if (rt.cols[t] == 0) continue;
-      scores_tile(q + r0 * E, E, sc.kt, sc.s + r0 * SL, SL, h, rt.cols[t]);
-      scores_tile(go + r0 * imax(Ev, 1), imax(Ev, 1), sc.vt, sc.dp + r0 * SL, SL, h, rt.cols[t]);
+      const int64_t cols = rt.cols[t], seen = rt.seen[t];
+      scores_tile_seen(q + r0 * E, E, sc.kt, sc.s + r0 * SL, SL, int(h), cols, seen);
+      scores_tile_seen(go + r0 * imax(Ev, 1), imax(Ev, 1), sc.vt, sc.dp + r0 * SL, SL, int(h), cols,
+                       seen);
     }
   } else {
     scores_tile(q, E, sc.kt, sc.s, SL, R, ncols);
