@@ -112,8 +112,7 @@ inline BwdPlan plan_backward(const AttnParams& p, int64_t batch) {
 // Per-thread scratch, sized for one (key block, query block) pair.
 template <typename T, typename S>
 struct BwdScratch {
-  T* ks;     // block_k x E: scale * K, widened, zero rows past the block's keys
-  T* kt;     // K^T panels of ks (pack_keys): the scores' right operand
+  T* kt;     // scale * K^T as panels (pack_keys), widened: the scores' right operand
   T* kp;     // K as panels (pack_values), widened: dQ's right operand
   T* vt;     // V^T panels: dP's right operand
   T* q;      // rows_pad x E: the block's query rows, widened (zero padding rows)
@@ -134,7 +133,6 @@ struct BwdScratch {
 
   void layout(Arena& a, const AttnParams& p, const BwdPlan& pl) {
     const int64_t E = p.dim_q, Ev = imax(p.dim_v, 1), R = pl.rows_pad, K = pl.block_k;
-    ks = a.take<T>(K * E);
     kt = a.take<T>(K * E);
     kp = a.take<T>(K * pl.ep);
     vt = a.take<T>(K * Ev);
@@ -464,6 +462,8 @@ inline void copy_stream(T* dst, const T* src, int64_t n) {
 template <typename T, typename S>
 inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const MaskSummary& sum,
                      BwdScratch<T, S>& sc, int64_t u, int64_t c, T* acc, int64_t acc_heads) {
+  using V = Vec<T>;
+  constexpr int L = kLanes<T>;
   const AttnParams& p = bp.fwd;
   const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k;
   const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv, h0 = hk * pl.group;
@@ -521,12 +521,10 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
       }
       if (!packed) {  // the key block, once per block
         const S* k = refs.k + kb * p.k.row_stride;
-        for (int64_t j = 0; j < n; ++j) {
-          widen_row(k + j * p.k.row_stride, sc.ks + j * E, E);
-          for (int64_t e = 0; e < E; ++e) sc.ks[j * E + e] *= scale;
-        }
-        std::memset(sc.ks + n * E, 0, size_t((ncols - n) * E) * sizeof(T));
-        pack_keys<T, T>(sc.ks, E, ncols, ncols, E, sc.kt);
+        // K^T panels straight from K, then scaled in place (each entry the same product).
+        pack_keys<T, S>(k, p.k.row_stride, n, ncols, E, sc.kt);
+        const V vscale = vbroadcast(scale);
+        for (int64_t x = 0; x < ncols * E; x += L) vstore(sc.kt + x, vload(sc.kt + x) * vscale);
         pack_values<T, S>(k, p.k.row_stride, n, E, K, sc.kp);
         pack_keys<T, S>(refs.v + kb * p.v.row_stride, p.v.row_stride, n, ncols, imax(Ev, 1), sc.vt);
         packed = true;
