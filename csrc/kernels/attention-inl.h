@@ -381,67 +381,50 @@ inline int tile_rows_next(int64_t left) {
   return kRowTile;
 }
 
-// scores_tile for R rows.
+// Scores of one column tile (kColTile keys, from its panel) for R rows: its first NV
+// vectors (2: the whole tile; 1: a tile whose second half no row sees, sdpa_backward),
+// each element's terms in the same order either way. vm (optional): the R rows' running
+// max vectors, NaN ignored.
+template <typename T, int R, int NV = 2>
+inline void scores_rows_col(const T* q, int64_t head_dim, const T* panel, T* s, int64_t s_ld,
+                            typename VecOf<T>::type* vm) {
+  static_assert(NV == 1 || NV == 2, "a column tile is two vectors");
+  using V = typename VecOf<T>::type;
+  constexpr int L = kLanes<T>, CT = kColTile<T>;
+  V acc[R][NV] = {};
+#pragma GCC unroll 4  // (see above)
+  for (int64_t e = 0; e < head_dim; ++e) {
+    V k[NV];
+    for (int u = 0; u < NV; ++u) k[u] = vload(panel + e * CT + u * L);
+    for (int rr = 0; rr < R; ++rr) {
+      const T qv = q[rr * head_dim + e];
+      for (int u = 0; u < NV; ++u) acc[rr][u] = vfma(vbroadcast(qv), k[u], acc[rr][u]);
+    }
+  }
+  for (int rr = 0; rr < R; ++rr) {
+    for (int u = 0; u < NV; ++u) vstore(s + rr * s_ld + u * L, acc[rr][u]);
+    if (vm)
+      for (int u = 0; u < NV; ++u) vm[rr] = acc[rr][u] > vm[rr] ? acc[rr][u] : vm[rr];
+  }
+}
+
+// scores_tile for R rows: scores_rows_col over the column tiles, the rows' max in vectors
+// until the end.
 template <typename T, int R>
 inline void scores_rows(const T* q, int64_t head_dim, const T* kt, T* s, int64_t s_ld,
                         int64_t ncols, T* rmax) {
   using V = typename VecOf<T>::type;
-  constexpr int L = kLanes<T>, CT = kColTile<T>;
+  constexpr int CT = kColTile<T>;
   V vm[R];
   for (int rr = 0; rr < R; ++rr) vm[rr] = V{} - T(__builtin_inf());
-  for (int64_t c = 0; c < ncols; c += CT) {
-    const T* panel = kt + (c / CT) * head_dim * CT;
-    V acc[R][2] = {};
-#pragma GCC unroll 4  // (see above)
-    for (int64_t e = 0; e < head_dim; ++e) {
-      const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
-      for (int rr = 0; rr < R; ++rr) {
-        const T qv = q[rr * head_dim + e];
-        acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
-        acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
-      }
-    }
-    for (int rr = 0; rr < R; ++rr) {
-      vstore(s + rr * s_ld + c, acc[rr][0]);
-      vstore(s + rr * s_ld + c + L, acc[rr][1]);
-      if (rmax) {
-        vm[rr] = acc[rr][0] > vm[rr] ? acc[rr][0] : vm[rr];
-        vm[rr] = acc[rr][1] > vm[rr] ? acc[rr][1] : vm[rr];
-      }
-    }
-  }
+  for (int64_t c = 0; c < ncols; c += CT)
+    scores_rows_col<T, R>(q, head_dim, kt + (c / CT) * head_dim * CT, s + c, s_ld,
+                          rmax ? vm : nullptr);
   if (rmax)
     for (int rr = 0; rr < R; ++rr) {
       const T m = reduce_max<T>(vm[rr]);
       rmax[rr] = m > rmax[rr] ? m : rmax[rr];
     }
-}
-
-// scores_rows for one column tile (kColTile keys) of R rows, from its panel; vm (optional):
-// the R rows' running max vectors, NaN ignored.
-template <typename T, int R>
-inline void scores_rows_col(const T* q, int64_t head_dim, const T* panel, T* s, int64_t s_ld,
-                            typename VecOf<T>::type* vm) {
-  using V = typename VecOf<T>::type;
-  constexpr int L = kLanes<T>, CT = kColTile<T>;
-  V acc[R][2] = {};
-#pragma GCC unroll 4  // (see above)
-  for (int64_t e = 0; e < head_dim; ++e) {
-    const V k0 = vload(panel + e * CT), k1 = vload(panel + e * CT + L);
-    for (int rr = 0; rr < R; ++rr) {
-      const T qv = q[rr * head_dim + e];
-      acc[rr][0] = vfma(vbroadcast(qv), k0, acc[rr][0]);
-      acc[rr][1] = vfma(vbroadcast(qv), k1, acc[rr][1]);
-    }
-  }
-  for (int rr = 0; rr < R; ++rr) {
-    vstore(s + rr * s_ld, acc[rr][0]);
-    vstore(s + rr * s_ld + L, acc[rr][1]);
-    if (vm) {
-      vm[rr] = acc[rr][0] > vm[rr] ? acc[rr][0] : vm[rr];
-      vm[rr] = acc[rr][1] > vm[rr] ? acc[rr][1] : vm[rr];
-    }
-  }
 }
 
 // s[r, 0:ncols) = q[r, :] . K^T[:, 0:ncols) for r < nrows, from K^T panels (pack_keys);

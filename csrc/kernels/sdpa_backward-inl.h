@@ -238,20 +238,6 @@ struct RowTiles {
   int64_t seen[kMaxTiles];  // keys up to the last one the tile's rows see (cols unrounded)
 };
 
-// scores_rows' first vector of one column tile (its panel) for R rows, each element's
-// terms in the same order: the tile's second half, which no row sees, is not scored.
-template <typename T, int R>
-inline void scores_rows_half(const T* q, int64_t head_dim, const T* panel, T* s, int64_t s_ld) {
-  using V = Vec<T>;
-  constexpr int CT = kColTile<T>;
-  V acc[R] = {};
-  for (int64_t e = 0; e < head_dim; ++e) {
-    const V k0 = vload(panel + e * CT);
-    for (int rr = 0; rr < R; ++rr) acc[rr] = vfma(vbroadcast(q[rr * head_dim + e]), k0, acc[rr]);
-  }
-  for (int rr = 0; rr < R; ++rr) vstore(s + rr * s_ld, acc[rr]);
-}
-
 // scores_tile for one register tile of h rows over cols columns (whole column tiles) of
 // which its rows see the first seen: a last column tile whose second vector none of them
 // sees is scored half (its rows' exp loop stops before it, pair_block).
@@ -264,9 +250,9 @@ inline void scores_tile_seen(const T* q, int64_t head_dim, const T* kt, T* s, in
   if (whole == cols) return;
   const T* panel = kt + (whole / CT) * head_dim * CT;
   if (h == kRowTile)
-    scores_rows_half<T, kRowTile>(q, head_dim, panel, s + whole, s_ld);
+    scores_rows_col<T, kRowTile, 1>(q, head_dim, panel, s + whole, s_ld, nullptr);
   else
-    scores_rows_half<T, kWideRowTile<T>>(q, head_dim, panel, s + whole, s_ld);
+    scores_rows_col<T, kWideRowTile<T>, 1>(q, head_dim, panel, s + whole, s_ld, nullptr);
 }
 
 // The pair's row tiles, or false when its tiles all need every column (or too many).
