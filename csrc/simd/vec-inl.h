@@ -481,9 +481,11 @@ inline V even_or_odd_lanes(V a, V b, std::index_sequence<I...>) {
 
 // Rounds w, 2w, ... of reduce_add: lane i gets lane i plus lane i ^ w. The indices are
 // constants, so each round is one in-lane permute or 128-bit block swap and an add, in
-// registers.
+// registers. Always inlined, as reduce_add: GCC kept the recursion (or reduce_add over it)
+// out of line, a call (and the caller's vectors saved around it) wherever the softmax sums
+// a row.
 template <typename T, int W = 1>
-inline Vec<T> add_lane_pairs(Vec<T> x) {
+[[gnu::always_inline]] inline Vec<T> add_lane_pairs(Vec<T> x) {
   if constexpr (W >= kLanes<T>) {
     return x;
   } else {
@@ -500,29 +502,8 @@ inline Vec<T> add_lane_pairs(Vec<T> x) {
 // Sum of the lanes as a pairwise tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...), the
 // order reduce_lanes_of gives every lane it produces (lane 0 of add_lane_pairs).
 template <typename T>
-inline T reduce_add(Vec<T> x) {
+[[gnu::always_inline]] inline T reduce_add(Vec<T> x) {
   static_assert(std::is_floating_point_v<T>, "lanes of a float or double vector");
-#if defined(__AVX512F__)
-  if constexpr (sizeof(Vec<T>) == 64) {
-    // add_lane_pairs' rounds (partners i ^ 1, i ^ 2, ...) spelled as intrinsics, so they
-    // are inlined where the softmax sums a row (GCC kept the generic recursion out of line:
-    // a call per row and key block). The same sums, so the same bits.
-    if constexpr (sizeof(T) == 4) {
-      __m512 v = (__m512)x;
-      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));        // lane i ^ 1
-      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));        // i ^ 2
-      v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // i ^ 4
-      v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // i ^ 8
-      return _mm512_cvtss_f32(v);
-    } else {
-      __m512d v = (__m512d)x;
-      v = _mm512_add_pd(v, _mm512_permute_pd(v, 0x55));        // lane i ^ 1
-      v = _mm512_add_pd(v, _mm512_shuffle_f64x2(v, v, 0xb1));  // i ^ 2
-      v = _mm512_add_pd(v, _mm512_shuffle_f64x2(v, v, 0x4e));  // i ^ 4
-      return _mm512_cvtsd_f64(v);
-    }
-  }
-#endif
   return add_lane_pairs<T>(x)[0];
 }
 
