@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "api/params.h"
 #include "simd/convert-inl.h"
@@ -381,6 +382,17 @@ inline int tile_rows_next(int64_t left) {
   return kRowTile;
 }
 
+// f(std::integral_constant<int, rows>{}) for a register tile of `rows` rows, kRowTile or
+// kWideRowTile<T> (tile_rows_next's cut): the one place a tile's row count becomes the
+// template argument of its micro-kernel.
+template <typename T, typename F>
+inline void with_tile_rows(int rows, F&& f) {
+  if (rows == kRowTile)
+    f(std::integral_constant<int, kRowTile>());
+  else
+    f(std::integral_constant<int, kWideRowTile<T>>());
+}
+
 // Scores of one column tile (kColTile keys, from its panel) for R rows: its first NV
 // vectors (2: the whole tile; 1: a tile whose second half no row sees, sdpa_backward),
 // each element's terms in the same order either way. vm (optional): the R rows' running
@@ -451,12 +463,10 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
         for (int64_t r = 0; r < gn;) {
           const int R = tile_rows_next<T>(gn - r);
           V* v = rmax ? vm + r : nullptr;
-          if (R == kRowTile)
-            scores_rows_col<T, kRowTile>(q + (g0 + r) * head_dim, head_dim, panel,
-                                         s + (g0 + r) * s_ld + c, s_ld, v);
-          else
-            scores_rows_col<T, kWideRowTile<T>>(q + (g0 + r) * head_dim, head_dim, panel,
-                                                s + (g0 + r) * s_ld + c, s_ld, v);
+          with_tile_rows<T>(R, [&](auto rows) {
+            scores_rows_col<T, decltype(rows)::value>(q + (g0 + r) * head_dim, head_dim, panel,
+                                                      s + (g0 + r) * s_ld + c, s_ld, v);
+          });
           r += R;
         }
       }
@@ -471,11 +481,10 @@ inline void scores_tile(const T* q, int64_t head_dim, const T* kt, T* s, int64_t
   for (int64_t r = 0; r < nrows;) {
     const int R = tile_rows_next<T>(nrows - r);
     T* rm = rmax ? rmax + r : nullptr;
-    if (R == kRowTile)
-      scores_rows<T, kRowTile>(q + r * head_dim, head_dim, kt, s + r * s_ld, s_ld, ncols, rm);
-    else
-      scores_rows<T, kWideRowTile<T>>(q + r * head_dim, head_dim, kt, s + r * s_ld, s_ld, ncols,
-                                      rm);
+    with_tile_rows<T>(R, [&](auto rows) {
+      scores_rows<T, decltype(rows)::value>(q + r * head_dim, head_dim, kt, s + r * s_ld, s_ld,
+                                            ncols, rm);
+    });
     r += R;
   }
 }
@@ -523,23 +532,20 @@ inline void pv_tile(const T* p, int64_t p_ld, int64_t n, const T* vp, int64_t pa
       for (int64_t r = 0; r < nrows;) {
         const int R = tile_rows_next<T>(nrows - r);
         const T* panel = vp + (c / CT) * panel_rows * CT;
-        if (R == kRowTile)
-          pv_rows<T, kRowTile>(p + r * p_ld, p_ld, n, panel, panel_rows, CT, acc + r * acc_ld + c,
-                               acc_ld);
-        else
-          pv_rows<T, kWideRowTile<T>>(p + r * p_ld, p_ld, n, panel, panel_rows, CT,
-                                      acc + r * acc_ld + c, acc_ld);
+        with_tile_rows<T>(R, [&](auto rows) {
+          pv_rows<T, decltype(rows)::value>(p + r * p_ld, p_ld, n, panel, panel_rows, CT,
+                                            acc + r * acc_ld + c, acc_ld);
+        });
         r += R;
       }
     return;
   }
   for (int64_t r = 0; r < nrows;) {
     const int R = tile_rows_next<T>(nrows - r);
-    if (R == kRowTile)
-      pv_rows<T, kRowTile>(p + r * p_ld, p_ld, n, vp, panel_rows, dv_pad, acc + r * acc_ld, acc_ld);
-    else
-      pv_rows<T, kWideRowTile<T>>(p + r * p_ld, p_ld, n, vp, panel_rows, dv_pad, acc + r * acc_ld,
-                                  acc_ld);
+    with_tile_rows<T>(R, [&](auto rows) {
+      pv_rows<T, decltype(rows)::value>(p + r * p_ld, p_ld, n, vp, panel_rows, dv_pad,
+                                        acc + r * acc_ld, acc_ld);
+    });
     r += R;
   }
 }

@@ -216,10 +216,9 @@ inline void pvt_tile(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int6
     if (r0 < n) {
       const T* pj = p + r0 * p_ld + j;
       const RowsOperand<T> xr{x.x + r0 * x.ld, x.ld, x.chunk};
-      if (R == kRowTile)
-        pvt_rows<T, kRowTile>(pj, p_ld, n - r0, xr, dpad, acc + j * acc_ld, acc_ld);
-      else
-        pvt_rows<T, kWideRowTile<T>>(pj, p_ld, n - r0, xr, dpad, acc + j * acc_ld, acc_ld);
+      with_tile_rows<T>(R, [&](auto rows) {
+        pvt_rows<T, decltype(rows)::value>(pj, p_ld, n - r0, xr, dpad, acc + j * acc_ld, acc_ld);
+      });
     }
     j += R;
   }
@@ -249,10 +248,9 @@ inline void scores_tile_seen(const T* q, int64_t head_dim, const T* kt, T* s, in
   if (whole > 0) scores_tile(q, head_dim, kt, s, s_ld, h, whole);
   if (whole == cols) return;
   const T* panel = kt + (whole / CT) * head_dim * CT;
-  if (h == kRowTile)
-    scores_rows_col<T, kRowTile, 1>(q, head_dim, panel, s + whole, s_ld, nullptr);
-  else
-    scores_rows_col<T, kWideRowTile<T>, 1>(q, head_dim, panel, s + whole, s_ld, nullptr);
+  with_tile_rows<T>(h, [&](auto rows) {
+    scores_rows_col<T, decltype(rows)::value, 1>(q, head_dim, panel, s + whole, s_ld, nullptr);
+  });
 }
 
 // The pair's row tiles, or false when its tiles all need every column (or too many).
