@@ -246,17 +246,21 @@ inline void mask_row(const AttnParams& p, const T* fmask, const uint8_t* bmask, 
 // Keys [kb, kb + n) as K^T panels: column tile c (kColTile keys) is a contiguous
 // head_dim x kColTile block, so the score micro-kernel streams it. Zero-padded to ncols.
 // Keys stored in a narrower type S are widened here, once per block; int8 keys are
-// dequantised with their scales (scale[j] for key j; null for float keys).
+// dequantised with their scales (scale[j] for key j; null for float keys). mul: every
+// key entry is multiplied by it as it is packed, mul * k rounded once (the backward's
+// scale * K^T; 1, no multiplication, elsewhere).
 template <typename T, typename S = T>
 inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, int64_t head_dim,
-                      T* kt, const float* scale = nullptr) {
+                      T* kt, const float* scale = nullptr, T mul = T(1)) {
   constexpr int CT = kColTile<T>, L = kLanes<T>;
   using V = typename VecOf<T>::type;
-  // Key j's element e as the compute type (widened; an int8 key dequantised).
+  const bool scaled = mul != T(1);
+  const V vmul = vbroadcast(mul);
+  // Key j's element e as the compute type (widened; an int8 key dequantised; times mul).
   const auto elem = [&](int64_t j, int64_t e) {
-    const T x = widen<T>(k[j * row_stride + e]);
-    if constexpr (std::is_same_v<S, int8_t>) return T(x * T(scale[j]));
-    return x;
+    T x = widen<T>(k[j * row_stride + e]);
+    if constexpr (std::is_same_v<S, int8_t>) x = T(x * T(scale[j]));
+    return scaled ? T(x * mul) : x;
   };
   // Whole groups of L keys (never across a column tile: CT = 2L) by whole vectors of
   // head_dim: L key rows read as vectors (widened, scaled) and transposed in registers, so
@@ -271,6 +275,7 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
         for (int i = 0; i < L; ++i) {
           r[i] = vload_wide<T>(k + (j0 + i) * row_stride + e);
           if constexpr (std::is_same_v<S, int8_t>) r[i] *= vbroadcast(T(scale[j0 + i]));
+          if (scaled) r[i] *= vmul;
         }
         transpose_lanes<T>(r);
         for (int i = 0; i < L; ++i) vstore(dst + (e + i) * CT, r[i]);
@@ -289,6 +294,7 @@ inline void pack_keys(const S* k, int64_t row_stride, int64_t n, int64_t ncols, 
         for (; e + L <= head_dim; e += L) {
           V x = vload_wide<T>(k + j * row_stride + e);
           if constexpr (std::is_same_v<S, int8_t>) x *= vbroadcast(T(scale[j]));
+          if (scaled) x *= vmul;
           T lanes[L];
           vstore(lanes, x);
           for (int i = 0; i < L; ++i) dst[(e + i) * CT] = lanes[i];

@@ -177,10 +177,12 @@ struct RowsOperand {
 // x[r, :] for the key rows j < nrows of dK and dV (a multiple of kRowTile), dpad columns.
 // A tile's R probabilities of one query row are adjacent, so P and dS are multiplied where
 // the exp loop left them (no P^T, dS^T). Each element takes its terms in order, one fused
-// multiply-add at a time.
+// multiply-add at a time. Never inlined: a whole pass over a key tile's rows per call, and
+// GCC's choice of which of pair_block's call sites to inline flipped with unrelated edits
+// (inlined, the 4-row remainder tile cost avx2 2x6/3 300x333 E40 4 % of its CPU time).
 template <typename T, int R>
-inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x, int64_t dpad, T* acc,
-                     int64_t acc_ld) {
+[[gnu::noinline]] inline void pvt_rows(const T* p, int64_t p_ld, int64_t n, RowsOperand<T> x,
+                                       int64_t dpad, T* acc, int64_t acc_ld) {
   using V = Vec<T>;
   constexpr int L = kLanes<T>, CT = kColTile<T>;
   for (int64_t c = 0; c < dpad; c += CT) {
@@ -446,8 +448,6 @@ inline void copy_stream(T* dst, const T* src, int64_t n) {
 template <typename T, typename S>
 inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const MaskSummary& sum,
                      BwdScratch<T, S>& sc, int64_t u, int64_t c, T* acc, int64_t acc_heads) {
-  using V = Vec<T>;
-  constexpr int L = kLanes<T>;
   const AttnParams& p = bp.fwd;
   const int64_t E = p.dim_q, Ev = p.dim_v, K = pl.block_k;
   const int64_t b = u / p.num_heads_kv, hk = u % p.num_heads_kv, h0 = hk * pl.group;
@@ -505,10 +505,7 @@ inline void run_task(const SdpaBackwardParams& bp, const BwdPlan& pl, const Mask
       }
       if (!packed) {  // the key block, once per block
         const S* k = refs.k + kb * p.k.row_stride;
-        // K^T panels straight from K, then scaled in place (each entry the same product).
-        pack_keys<T, S>(k, p.k.row_stride, n, ncols, E, sc.kt);
-        const V vscale = vbroadcast(scale);
-        for (int64_t x = 0; x < ncols * E; x += L) vstore(sc.kt + x, vload(sc.kt + x) * vscale);
+        pack_keys<T, S>(k, p.k.row_stride, n, ncols, E, sc.kt, nullptr, scale);  // scale * K^T
         pack_values<T, S>(k, p.k.row_stride, n, E, K, sc.kp);
         pack_keys<T, S>(refs.v + kb * p.v.row_stride, p.v.row_stride, n, ncols, imax(Ev, 1), sc.vt);
         packed = true;
